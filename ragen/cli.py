@@ -1,0 +1,144 @@
+"""`ragen ...` commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ragen.config import ConfigError, config_to_dict, load_config
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="RAGEN / StarPO pipeline tools.")
+envs_app = typer.Typer(no_args_is_help=True, help="Inspect environments and generate instances.")
+bench_app = typer.Typer(no_args_is_help=True, help="Speed checks; print JSON.")
+config_app = typer.Typer(no_args_is_help=True, help="Resolve and show configs.")
+models_app = typer.Typer(no_args_is_help=True, help="Prepare and locate models.")
+app.add_typer(envs_app, name="envs")
+app.add_typer(bench_app, name="bench")
+app.add_typer(config_app, name="config")
+app.add_typer(models_app, name="models")
+
+PresetOpt = Annotated[list[str] | None, typer.Option("--preset", "-p", help="preset name(s), applied in order")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override key.sub=value (repeatable)")]
+ParamsOpt = Annotated[Path | None, typer.Option("--params", help="params YAML file (e.g. params.yaml)")]
+
+
+def _config(params: Path | None, preset: list[str] | None, overrides: list[str] | None):
+    try:
+        return load_config(params, preset or [], overrides or [])
+    except ConfigError as e:
+        typer.secho(f"config error:\n{e}", err=True, fg="red")
+        raise typer.Exit(2) from None
+
+
+@config_app.command("show")
+def config_show(params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None) -> None:
+    """Print the resolved config as YAML."""
+    import yaml
+
+    typer.echo(yaml.safe_dump(config_to_dict(_config(params, preset, overrides)), sort_keys=False,
+                              allow_unicode=True))
+
+
+@envs_app.command("list")
+def envs_list() -> None:
+    """List env tags with their env type and settings."""
+    from ragen.envs import BUILTIN_TAGS
+
+    for spec in BUILTIN_TAGS.values():
+        typer.echo(f"{spec.tag:28s} {spec.env_id:22s} {dict(spec.env_kwargs)}")
+
+
+@envs_app.command("show")
+def envs_show(tag: Annotated[str, typer.Option(help="env tag, e.g. SimpleSokoban")] = "SimpleSokoban",
+              seed: Annotated[int, typer.Option(help="instance seed")] = 123,
+              params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None,
+              state_only: Annotated[bool, typer.Option("--state-only", help="print only the grid")] = False,
+              ) -> None:
+    """Print the first-turn prompt exactly as the model sees it (chat template + forced prefix)."""
+    from ragen.agent.chat import ChatRenderer
+    from ragen.agent.episode import Episode
+    from ragen.envs import get_tag
+    from ragen.models import load_tokenizer
+
+    cfg = _config(params, preset or ["cpu-small"], overrides)
+    try:
+        spec = get_tag(tag, cfg.tag_specs())
+    except KeyError as e:
+        typer.secho(str(e.args[0]), err=True, fg="red")
+        raise typer.Exit(2) from None
+    env = spec.make()
+    if state_only:
+        typer.echo(env.reset(seed=seed)[0])
+        return
+    tok = load_tokenizer(cfg.model.base, cfg.model.tokenizer, cfg.model.trust_remote_code)
+    renderer = ChatRenderer(tok, cfg.model.end_of_turn_token)
+    episode = Episode(env, spec, cfg.agent, renderer, seed=seed)
+    typer.echo(tok.decode(episode.prompt_ids()))
+
+
+@envs_app.command("instances")
+def envs_instances(out: Annotated[Path, typer.Option(help="output parquet file")],
+                   mode: Annotated[str, typer.Option(help="train or val")] = "train",
+                   iteration: Annotated[int, typer.Option(help="training iteration (train mode)")] = 0,
+                   params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None) -> None:
+    """Generate one iteration's env instances (the pipeline's first stage) and write them as parquet."""
+    from ragen.envs.instances import generate_instances, write_instances
+
+    if mode not in ("train", "val"):
+        typer.secho(f"--mode must be train or val, got {mode!r}", err=True, fg="red")
+        raise typer.Exit(2)
+    cfg = _config(params, preset or ["cpu-small"], overrides)
+    split = cfg.envs.train if mode == "train" else cfg.envs.val
+    df = generate_instances(split.tags, split.n_groups, split.group_size,
+                            seed=cfg.envs.train_seed if mode == "train" else cfg.envs.val_seed,
+                            iteration=iteration, mode=mode, group_rng=cfg.envs.group_rng,  # type: ignore[arg-type]
+                            tag_specs=cfg.tag_specs())
+    write_instances(df, out)
+    summary = df.groupby("tag").agg(envs=("env_id", "size"), groups=("group", "nunique"),
+                                    seeds=("seed", lambda s: f"{s.min()}..{s.max()}"),
+                                    mean_optimal_length=("optimal_length", "mean"))
+    typer.echo(summary.to_string())
+    typer.echo(f"wrote {len(df)} instances to {out}")
+
+
+@bench_app.command("envs")
+def bench_envs_cmd(as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+                   seconds: Annotated[float, typer.Option(help="time per measurement")] = 2.0) -> None:
+    """Room generation and env step throughput."""
+    from ragen.bench import bench_envs
+
+    result = bench_envs(seconds)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        for k, v in result.items():
+            typer.echo(f"{k:28s} {v:12.1f}")
+
+
+@models_app.command("tokenizer")
+def models_tokenizer(base: Annotated[str, typer.Option(help="model alias, path or hub id")] = "smollm2-135m-instruct",
+                     ) -> None:
+    """Make the tokenizer of a model available (extracts the bundled model's tokenizer from its GGUF file)."""
+    from ragen.models import load_tokenizer, resolve_model_path
+
+    try:
+        tok = load_tokenizer(base)
+    except FileNotFoundError as e:
+        typer.secho(str(e), err=True, fg="red")
+        raise typer.Exit(1) from None
+    typer.echo(f"{base}: tokenizer at {resolve_model_path(base)} (vocab {len(tok)}, eos {tok.eos_token})")
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

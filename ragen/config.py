@@ -1,0 +1,395 @@
+"""Typed schema of params.yaml (REFERENCE 4.2), presets, ``key.sub=value`` overrides and clear errors.
+
+Schema defaults are StarPO-S as the original code runs it at paper scale (Qwen2.5-0.5B-Instruct, 8x16 rollouts),
+with the fidelity choices of DESIGN.md section 3. Resolution order: defaults <- params file <- presets (in
+order) <- overrides. Every error names the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A bad key or value in params.yaml, a preset or an override."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    base: str = Field("Qwen/Qwen2.5-0.5B-Instruct", description="local path, hub id, or 'smollm2-135m-instruct'")
+    tokenizer: str | None = Field(None, description="tokenizer path or id; default: the base model's")
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    trust_remote_code: bool = False
+    lora_rank: int = Field(0, ge=0, description="0 = full fine-tune")
+    lora_alpha: int = Field(64, ge=1)
+    lora_target_modules: str = "all-linear"
+    end_of_turn_token: str | None = Field(None, description="default: the tokenizer's eos token")
+
+
+class EnvSplit(_Section):
+    tags: list[str]
+    n_groups: list[int]
+    group_size: int = Field(ge=1)
+
+    @property
+    def env_groups(self) -> int:
+        return sum(self.n_groups)
+
+    @property
+    def size(self) -> int:
+        return self.env_groups * self.group_size
+
+    @model_validator(mode="after")
+    def _lengths(self) -> EnvSplit:
+        if len(self.tags) != len(self.n_groups):
+            raise ValueError(f"tags has {len(self.tags)} entries but n_groups has {len(self.n_groups)}; "
+                             "give one group count per tag")
+        if any(n < 0 for n in self.n_groups) or self.env_groups == 0:
+            raise ValueError(f"n_groups must be non-negative with a positive sum, got {self.n_groups}")
+        return self
+
+
+class EnvsConfig(_Section):
+    train: EnvSplit = EnvSplit(tags=["SimpleSokoban"], n_groups=[8], group_size=16)
+    val: EnvSplit = EnvSplit(tags=["SimpleSokoban"], n_groups=[256], group_size=1)
+    train_seed: int = Field(10000, ge=0, description="train iteration k uses seeds train_seed + env_groups*k + g")
+    val_seed: int = Field(123, ge=0, description="val always uses seeds val_seed + g")
+    group_rng: Literal["independent", "shared"] = Field(
+        "independent", description="members share the initial state; 'shared' also shares the RNG stream")
+    custom: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-tag overrides or new tags: {Tag: {base: Bandit, env_kwargs: {}}}")
+
+
+class AgentConfig(_Section):
+    max_turn: int = Field(5, ge=1)
+    max_actions_per_turn: int = Field(5, ge=1)
+    action_sep: str = Field("||", min_length=1)
+    enable_think: bool = True
+    use_turn_scores: bool = False
+    max_context_window: int = Field(-1, description="-1 = whole history; k > 0 keeps the last k entries")
+    response_storage: Literal["sampled", "rebuilt"] = Field(
+        "sampled", description="sampled: token-in/token-out; rebuilt: the original's cleaned text")
+    loss_mask: Literal["assistant", "all_after_system"] = "assistant"
+    format_penalty: float = Field(-0.1, le=0.0)
+    system_prompt: str = "You're a helpful assistant. "
+
+    @model_validator(mode="after")
+    def _window(self) -> AgentConfig:
+        if self.max_context_window == 0 or self.max_context_window < -1:
+            raise ValueError(f"max_context_window must be -1 or >= 1, got {self.max_context_window}")
+        return self
+
+
+class RolloutConfig(_Section):
+    engine: Literal["vllm", "hf"] = "vllm"
+    temperature: float = Field(1.0, gt=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    response_length: int = Field(400, ge=1, description="max new tokens per turn")
+    max_model_len: int = Field(3600, ge=16)
+    val_temperature: float = Field(0.5, ge=0.0, description="0 = greedy")
+    val_do_sample: bool = True
+    enforce_eager: bool = True
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    kv_cache_gib: float = Field(2.0, gt=0.0, description="vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE)")
+
+
+class AlgorithmConfig(_Section):
+    adv_estimator: Literal["gae", "grpo"] = "gae"
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    lam: float = Field(1.0, ge=0.0, le=1.0)
+    high_level_gamma: float = Field(0.95, ge=0.0, le=1.0)
+    bi_level_gae: bool = False
+    reward_norm_grouping: Literal["state", "batch", "inductive"] = "state"
+    reward_norm_method: Literal["identity", "mean", "mean_std", "asym_clip"] = "identity"
+    grpo_length_weight: bool = False
+    use_kl_in_reward: bool = False
+    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl"] = "kl"
+    kl_coef: float = Field(0.0, ge=0.0)
+    kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
+    kl_target: float = Field(0.1, gt=0.0)
+    kl_horizon: int = Field(10000, ge=1)
+    filter_ratio: float = Field(0.25, gt=0.0, le=1.0, description="fraction of seed groups kept")
+    filter_type: Literal["std", "std_rev", "max_mean", "top_p"] = "std"
+
+
+class OptimConfig(_Section):
+    lr: float = Field(gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.01, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    ppo_mini_batch_size: int = Field(32, ge=1)
+    micro_batch_size: int = Field(1, ge=1)
+    micro_batch_tokens: int = Field(0, ge=0, description="token budget per micro-batch (0 = use micro_batch_size)")
+    ppo_epochs: int = Field(1, ge=1)
+    shuffle: bool = False
+    gradient_checkpointing: bool = True
+    deepspeed_config: str = "infra/deepspeed/zero0.json"
+
+
+class ActorConfig(OptimConfig):
+    lr: float = Field(1e-6, gt=0.0)
+    clip_ratio_low: float = Field(0.2, ge=0.0)
+    clip_ratio_high: float = Field(0.28, ge=0.0)
+    clip_ratio_c: float = Field(3.0, gt=1.0, description="dual clip for negative advantages")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = "token-mean"
+    entropy_coeff: float = Field(0.001, ge=0.0)
+    use_kl_loss: bool = False
+    kl_loss_coef: float = Field(0.0, ge=0.0)
+    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = "kl"
+
+
+class CriticConfig(OptimConfig):
+    lr: float = Field(1e-5, gt=0.0)
+    cliprange_value: float = Field(0.5, gt=0.0)
+
+
+class TrainerConfig(_Section):
+    total_training_steps: int = Field(200, ge=1)
+    test_freq: int = Field(10, ge=1)
+    val_before_train: bool = True
+    checkpoint_every: int = Field(10, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, description="besides the latest and the best")
+    seed: int = Field(0, ge=0, description="run seed for sampling and initialisation")
+    run_dir: str = "runs"
+    critic_warmup: int = Field(0, ge=0)
+
+
+class EvalConfig(_Section):
+    panel: str | None = Field(None, description="path of a fixed seed panel; default: envs.val seeds")
+    temperature: float = Field(0.5, ge=0.0)
+    do_sample: bool = True
+    pass_k: int = Field(1, ge=1)
+
+
+class TrackingConfig(_Section):
+    experiment: str = "ragen"
+    mlflow_tracking_uri: str = "sqlite:///mlflow.db"
+    mlflow_artifact_location: str = "mlartifacts"
+    dvc_remote: str = Field("../ragen-dvc-remote", description="default DVC remote (a local path by default)")
+
+
+class Config(_Section):
+    preset: list[str] = Field(default_factory=list, description="presets applied, in order (informational)")
+    model: ModelConfig = ModelConfig()
+    envs: EnvsConfig = EnvsConfig()
+    agent: AgentConfig = AgentConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    actor: ActorConfig = ActorConfig()
+    critic: CriticConfig = CriticConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    eval: EvalConfig = EvalConfig()
+    tracking: TrackingConfig = TrackingConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Config:
+        from ragen.envs.registry import resolve_tags
+
+        try:
+            tags = resolve_tags(self.envs.custom)
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        for split in ("train", "val"):
+            for tag in getattr(self.envs, split).tags:
+                if tag not in tags:
+                    close = difflib.get_close_matches(tag, list(tags), n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    raise ValueError(f"envs.{split}.tags: unknown tag {tag!r}{hint}; known: {', '.join(sorted(tags))}")
+        for name in ("actor", "critic"):
+            opt: OptimConfig = getattr(self, name)
+            if opt.ppo_mini_batch_size % opt.micro_batch_size:
+                raise ValueError(f"{name}.micro_batch_size ({opt.micro_batch_size}) must divide "
+                                 f"{name}.ppo_mini_batch_size ({opt.ppo_mini_batch_size})")
+        train = self.envs.train
+        kept = train.size if self.algorithm.filter_ratio >= 1 else (
+            int(self.algorithm.filter_ratio * train.env_groups) * train.group_size)
+        if self.algorithm.filter_type != "top_p" and kept < self.actor.ppo_mini_batch_size:
+            raise ValueError(
+                f"algorithm.filter_ratio={self.algorithm.filter_ratio} keeps {kept} of {train.size} trajectories "
+                f"({train.env_groups} groups x {train.group_size}), fewer than actor.ppo_mini_batch_size="
+                f"{self.actor.ppo_mini_batch_size}; raise the ratio or the group count, or lower the mini-batch")
+        if self.algorithm.bi_level_gae and (self.algorithm.adv_estimator != "gae" or self.agent.use_turn_scores):
+            raise ValueError("algorithm.bi_level_gae needs algorithm.adv_estimator=gae and agent.use_turn_scores=false")
+        if self.actor.clip_ratio_low >= 1.0:
+            raise ValueError(f"actor.clip_ratio_low must be < 1, got {self.actor.clip_ratio_low}")
+        return self
+
+    def tag_specs(self) -> dict:
+        from ragen.envs.registry import resolve_tags
+
+        return resolve_tags(self.envs.custom)
+
+
+# -- loading -------------------------------------------------------------------------------------------------
+
+PRESET_DIR = "presets"
+
+
+def available_presets() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("ragen").joinpath(PRESET_DIR).iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def load_preset(name: str) -> dict[str, Any]:
+    path = resources.files("ragen").joinpath(PRESET_DIR, f"{name}.yaml")
+    if not path.is_file():
+        close = difflib.get_close_matches(name, available_presets(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown preset {name!r}{hint}; available: {', '.join(available_presets())}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"preset {name}: must be a mapping")
+    return data
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+def _section_model(path: Sequence[str]) -> type[BaseModel] | None:
+    """The pydantic model at a dotted path of the schema (None below free-form dicts)."""
+    model: type[BaseModel] = Config
+    for part in path:
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            return None
+    return model
+
+
+def _unknown_key_message(path: Sequence[str]) -> str:
+    parent = _section_model(path[:-1])
+    key = ".".join(path)
+    if parent is None:
+        return f"unknown key {key!r}"
+    names = _field_names(parent)
+    close = difflib.get_close_matches(path[-1], names, n=1)
+    hint = f" (did you mean {'.'.join([*path[:-1], close[0]])!r}?)" if close else ""
+    return f"unknown key {key!r}{hint}; allowed under {'.'.join(path[:-1]) or 'the top level'}: {', '.join(names)}"
+
+
+def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in update.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict) and k != "custom":
+            out[k] = deep_merge(out[k], v)
+        elif isinstance(v, Mapping) and isinstance(out.get(k), dict):  # envs.custom: merge per tag
+            out[k] = {**out[k], **{t: {**out[k].get(t, {}), **dict(s)} for t, s in v.items()}}
+        else:
+            out[k] = v
+    return out
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``agent.max_turn=3`` -> (["agent", "max_turn"], 3); the value is read as YAML."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} must look like key.sub=value (e.g. agent.max_turn=3)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({e})") from None
+    return key.split("."), value
+
+
+def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {'.'.join(path)}: {'.'.join(path[:i + 1])} is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        key = ".".join(loc)
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{source}: {_unknown_key_message(loc)}")
+            continue
+        value = e.get("input")
+        shown = "" if isinstance(value, dict) else f" = {value!r}"
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{source}: {key or 'config'}{shown}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(params: str | Path | None = None, presets: Iterable[str] = (), overrides: Iterable[str] = (),
+                ) -> Config:
+    """Resolve a config. ``params`` is a YAML file with any subset of the schema (e.g. params.yaml);
+    a ``preset`` list inside it is applied before the ``presets`` argument."""
+    data: dict[str, Any] = {}
+    sources = []
+    if params is not None:
+        path = Path(params)
+        if not path.is_file():
+            raise ConfigError(f"params file {path} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"params file {path} is not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"params file {path} must hold a mapping at the top level")
+        loaded = {k: v for k, v in loaded.items() if k not in ("experiments",)}
+        sources.append(str(path))
+        file_presets = loaded.pop("preset", []) or []
+        presets = [*([file_presets] if isinstance(file_presets, str) else file_presets), *presets]
+        data = deep_merge(data, loaded)
+    applied = []
+    for name in presets:
+        for part in str(name).split(","):
+            part = part.strip()
+            if part:
+                data = deep_merge(data, load_preset(part))
+                applied.append(part)
+    for text in overrides:
+        path_, value = parse_override(text)
+        if _section_model(path_[:-1]) is not None and path_[-1] not in _field_names(_section_model(path_[:-1])):
+            raise ConfigError(f"override {text!r}: {_unknown_key_message(path_)}")
+        _set_path(data, path_, value)
+    data["preset"] = applied
+    source = " + ".join(sources + [f"preset {p}" for p in applied] + (["overrides"] if overrides else [])) or "config"
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, source)) from None
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    return cfg.model_dump(mode="json")
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}: the form MLflow params and overrides use."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

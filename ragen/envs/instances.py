@@ -1,0 +1,110 @@
+"""Env-instance generation, the pipeline's first stage: which seed every env of an iteration is reset with."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+
+from ragen.envs.base import TextEnv
+from ragen.envs.frozen_lake import FrozenLakeEnv, shortest_path_length
+from ragen.envs.registry import TagSpec, get_tag
+from ragen.envs.seeding import GroupRng, group_base_seed, member_stream
+from ragen.envs.sokoban import SokobanEnv, optimal_length
+
+COLUMNS = ["iteration", "mode", "env_id", "tag", "group", "member", "seed", "stream", "initial_state",
+           "optimal_length"]
+
+
+@dataclass(frozen=True)
+class Instance:
+    env_id: int
+    tag: str
+    group: int
+    member: int
+    seed: int
+    stream: int | None  # the ``member`` reset option (None = the group's shared dynamics stream)
+
+
+def group_tags(tags: Sequence[str], n_groups: Sequence[int]) -> list[str]:
+    """Tag of each group: consecutive groups per tag, in order (REFERENCE 1.6)."""
+    if len(tags) != len(n_groups):
+        raise ValueError(f"tags ({len(tags)}) and n_groups ({len(n_groups)}) must have the same length")
+    if any(n < 0 for n in n_groups):
+        raise ValueError(f"n_groups must be non-negative, got {list(n_groups)}")
+    return [tag for tag, n in zip(tags, n_groups, strict=True) for _ in range(n)]
+
+
+def plan_instances(tags: Sequence[str], n_groups: Sequence[int], group_size: int, base_seed: int,
+                   group_rng: GroupRng = "independent") -> list[Instance]:
+    """All envs of one reset: group g has seed base_seed + g; members share it; env_id = g * size + m."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    per_group = group_tags(tags, n_groups)
+    return [Instance(g * group_size + m, tag, g, m, base_seed + g, member_stream(m, group_rng))
+            for g, tag in enumerate(per_group) for m in range(group_size)]
+
+
+def optimal_length_of(env: TextEnv) -> int | None:
+    """Optimal action count of the current initial state where it is defined (Sokoban BFS; FrozenLake's
+    shortest slip-free path); None for single-step envs."""
+    if isinstance(env, SokobanEnv):
+        return optimal_length(env.current_room())
+    if isinstance(env, FrozenLakeEnv):
+        return shortest_path_length(env.desc)
+    return None
+
+
+def generate_instances(tags: Sequence[str], n_groups: Sequence[int], group_size: int, *, seed: int,
+                       iteration: int = 0, mode: Literal["train", "val"] = "train",
+                       group_rng: GroupRng = "independent",
+                       tag_specs: Mapping[str, TagSpec] | None = None) -> pd.DataFrame:
+    """The instances table of one iteration. ``seed`` is the train or val base seed: train iteration k starts
+    at seed + env_groups * k, val always at seed. One row per env."""
+    env_groups = sum(n_groups)
+    base = group_base_seed(mode, iteration, env_groups, seed if mode == "train" else 0, seed)
+    plan = plan_instances(tags, n_groups, group_size, base, group_rng)
+    envs: dict[str, TextEnv] = {}
+    rows = []
+    cached: dict[int, tuple[str, int | None]] = {}
+    for inst in plan:
+        if inst.group not in cached:  # members share the initial state: build it once per group
+            env = envs.get(inst.tag)
+            if env is None:
+                env = envs[inst.tag] = get_tag(inst.tag, tag_specs).make()
+            state, _ = env.reset(seed=inst.seed)
+            cached[inst.group] = (state, optimal_length_of(env))
+        state, opt = cached[inst.group]
+        rows.append((iteration, mode, inst.env_id, inst.tag, inst.group, inst.member, inst.seed, inst.stream,
+                     state, opt))
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    for col in ("stream", "optimal_length"):
+        df[col] = df[col].astype("Int64")
+    return df
+
+
+def write_instances(df: pd.DataFrame, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    df.to_parquet(tmp, index=False)
+    tmp.replace(path)  # atomic: a crash never leaves a half-written table
+    return path
+
+
+def read_instances(path: str | Path) -> pd.DataFrame:
+    path = Path(path)
+    try:
+        df = pd.read_parquet(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"instances file {path} does not exist; generate it first") from None
+    except Exception as e:
+        raise ValueError(f"instances file {path} is not a readable parquet table ({e}); delete it and "
+                         f"regenerate it") from None
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"instances file {path} lacks columns {missing}; regenerate it")
+    return df

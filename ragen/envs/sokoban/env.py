@@ -1,0 +1,109 @@
+"""Sokoban as a gymnasium env with text observations (gym-sokoban push rules and reward constants)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gymnasium import spaces
+
+from ragen.envs.base import TextEnv, text_space
+from ragen.envs.sokoban.generator import generate_room
+from ragen.envs.sokoban.room import ACTION_LOOKUP, DEFAULT_GRID_LOOKUP, TARGET, WALL, Room
+
+PENALTY_FOR_STEP = -0.1
+REWARD_BOX_ON_TARGET = 1.0
+PENALTY_BOX_OFF_TARGET = -1.0
+REWARD_FINISHED = 10.0
+
+
+class SokobanEnv(TextEnv):
+    """Push every box onto a target. Actions 1 Up, 2 Down, 3 Left, 4 Right (push semantics).
+
+    Every executed action costs 0.1, including no-ops into walls or blocked boxes; +1 / -1 when the number of
+    boxes on targets rises / falls; +10 when all boxes are on targets (terminated). The episode is truncated
+    after ``max_steps`` actions. ``reset(options={"room": Room | text})`` starts from a given room.
+    """
+
+    def __init__(self, dim: tuple[int, int] = (6, 6), num_boxes: int = 1, search_depth: int = 300,
+                 max_steps: int = 100, num_gen_steps: int | None = None,
+                 grid_lookup: Mapping[int, str] | None = None, render_mode: str | None = None) -> None:
+        super().__init__(render_mode)
+        self.dim = (int(dim[0]), int(dim[1]))
+        self.num_boxes = int(num_boxes)
+        self.search_depth = int(search_depth)
+        self.max_steps = int(max_steps)
+        self.num_gen_steps = num_gen_steps
+        self.grid_lookup = {int(k): str(v) for k, v in (grid_lookup or DEFAULT_GRID_LOOKUP).items()}
+        if sorted(self.grid_lookup) != list(range(7)):
+            raise ValueError(f"grid_lookup must map codes 0..6 to symbols, got keys {sorted(self.grid_lookup)}")
+        self.action_space = spaces.Discrete(4, start=1)
+        h, w = self.dim
+        self.observation_space = text_space(h * (w + 1), self.grid_lookup.values())
+        self.room: Room | None = None
+        self.num_env_steps = 0
+
+    @property
+    def action_lookup(self) -> dict[int, str]:
+        return dict(ACTION_LOOKUP)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        rng = self._seed_streams(seed, options)
+        given = (options or {}).get("room")
+        if given is None:
+            room = generate_room(self.dim, self.num_boxes, self.search_depth, rng, self.num_gen_steps)
+        elif isinstance(given, Room):
+            room = given
+        else:
+            room = Room.parse(str(given), self.grid_lookup)
+        self.room = room
+        self._boxes = set(room.boxes)
+        self._player = room.player
+        self.num_env_steps = 0
+        self._boxes_on_target = sum(1 for b in self._boxes if room.fixed[b] == TARGET)
+        return self.render_text(), {"success": self._solved()}
+
+    def _solved(self) -> bool:
+        assert self.room is not None
+        return self._boxes_on_target == len(self._boxes)
+
+    def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+        if self.room is None:
+            raise RuntimeError("call reset() before step()")
+        a = self._check_action(action)
+        room = self.room
+        w = room.width
+        d = (-w, w, -1, 1)[a - 1]
+        self.num_env_steps += 1
+        before = self._player
+        nxt = before + d
+        if room.fixed[nxt] != WALL:
+            if nxt in self._boxes:
+                beyond = nxt + d
+                if room.fixed[beyond] != WALL and beyond not in self._boxes:
+                    self._boxes.remove(nxt)
+                    self._boxes.add(beyond)
+                    self._player = nxt
+            else:
+                self._player = nxt
+        reward = PENALTY_FOR_STEP
+        on_target = sum(1 for b in self._boxes if room.fixed[b] == TARGET)
+        if on_target > self._boxes_on_target:
+            reward += REWARD_BOX_ON_TARGET
+        elif on_target < self._boxes_on_target:
+            reward += PENALTY_BOX_OFF_TARGET
+        self._boxes_on_target = on_target
+        solved = self._solved()
+        if solved:
+            reward += REWARD_FINISHED
+        truncated = not solved and self.num_env_steps >= self.max_steps
+        info = {"action_is_effective": self._player != before, "action_is_valid": True, "success": solved}
+        return self.render_text(), reward, solved, truncated, info
+
+    def current_room(self) -> Room:
+        if self.room is None:
+            raise RuntimeError("call reset() first")
+        return Room(self.room.height, self.room.width, self.room.fixed, self._player, tuple(sorted(self._boxes)))
+
+    def render_text(self) -> str:
+        return self.current_room().render(self.grid_lookup)

@@ -1,0 +1,15 @@
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from ragen.models import load_tokenizer
+
+    return load_tokenizer("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def renderer(tokenizer):
+    from ragen.agent.chat import ChatRenderer
+
+    return ChatRenderer(tokenizer)
