@@ -43,6 +43,14 @@ def config_show(params: ParamsOpt = None, preset: PresetOpt = None, overrides: S
                               allow_unicode=True))
 
 
+@config_app.command("params")
+def config_params(params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None) -> None:
+    """Print the resolved config as a commented params file (how params.yaml is generated)."""
+    from ragen.config import PARAMS_HEADER, commented_yaml
+
+    typer.echo(commented_yaml(_config(params, preset, overrides), PARAMS_HEADER), nl=False)
+
+
 @envs_app.command("list")
 def envs_list() -> None:
     """List env tags with their env type and settings."""

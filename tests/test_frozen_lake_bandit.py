@@ -34,7 +34,7 @@ def test_slip_is_one_third_each_over_seeded_draws():
 def test_no_slip_when_not_slippery_and_walls_keep_position():
     env = FrozenLakeEnv(size=5, is_slippery=False)
     env.reset(seed=0, options={"desc": ["SFFFF", "FFFFF", "FFFFF", "FFFFF", "FFFFG"]})
-    _, r, term, trunc, info = env.step(UP)  # off the grid: stays in place
+    _, r, _term, _trunc, info = env.step(UP)  # off the grid: stays in place
     assert env.position == (0, 0) and not info["action_is_effective"] and r == 0.0
     env.step(RIGHT)
     assert env.position == (0, 1)

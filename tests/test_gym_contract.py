@@ -10,7 +10,7 @@ from ragen.envs import BUILTIN_TAGS, resolve_tags
 def test_every_tag_passes_check_env(tag):
     env = BUILTIN_TAGS[tag].make(render_mode="ansi")
     check_env(env)
-    obs, info = env.reset(seed=123)
+    obs, _info = env.reset(seed=123)
     assert isinstance(obs, str) and obs in env.observation_space
     assert env.render() == obs
 

