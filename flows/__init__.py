@@ -1,0 +1,1 @@
+"""Prefect flows that only compose tasks: train_loop.py (flow "ragen", deployment "train-loop") and others."""

