@@ -173,3 +173,15 @@ def test_logprob_length_mismatch_is_an_error(tokenizer, renderer):
     ep = episode(renderer)
     with pytest.raises(ValueError, match="logprobs"):
         ep.record([1, 2, 3], logprobs=[0.0])
+
+
+def test_truncated_sample_keeps_reward_on_a_trained_token(tokenizer, renderer):
+    ep = episode(renderer)
+    cut_short = char_ids(tokenizer, "I am still thinking about")  # no end-of-turn token: hit the length cap
+    ep.record(cut_short)
+    traj = ep.assemble()
+    end = traj.turn_end_positions[-1]
+    assert traj.loss_mask[end] and traj.rewards[end] == pytest.approx(-0.1)
+    assert traj.input_ids[-len(cut_short):] == cut_short  # the sequence ends with the sampled tokens
+    with pytest.raises(ValueError, match="no tokens"):
+        episode(renderer).record([])

@@ -48,12 +48,11 @@ class Rendered:
         self.kinds.extend(kinds)
         self.owners.extend(owners)
 
-    def assistant_turn_ends(self) -> list[int]:
-        """Index of the last token of each assistant message: its end-of-turn token if present (sampled or
-        template), else its last content token."""
+    def assistant_turn_ends(self, kinds: Sequence[int]) -> list[int]:
+        """Index of the last token of each assistant message among tokens of the given kinds."""
         ends: dict[int, int] = {}
         for i, (k, o) in enumerate(zip(self.kinds, self.owners, strict=True)):
-            if k in (Kind.SAMPLED, Kind.ASSISTANT, Kind.END_OF_TURN):
+            if k in kinds:
                 ends[o] = i
         return [ends[o] for o in sorted(ends)]
 

@@ -113,6 +113,8 @@ class Episode:
         """Take the engine's sampled ids for the current turn: parse, penalise, execute, advance."""
         if self.done:
             raise RuntimeError("episode is finished")
+        if not response_ids:
+            raise ValueError("the engine returned no tokens for this turn; generation must yield at least one")
         if logprobs is not None and len(logprobs) != len(response_ids):
             raise ValueError(f"got {len(logprobs)} logprobs for {len(response_ids)} sampled tokens")
         entry = self.history[-1]
@@ -148,11 +150,13 @@ class Episode:
             raise RuntimeError("nothing to assemble: the episode has no answered turn")
         window = self._window(answered)
         rendered = self.renderer.render(self._messages(window, for_update=True))
-        ends = rendered.assistant_turn_ends()
-        cut = ends[-1] + 1
-        ids, kinds, owners = rendered.ids[:cut], rendered.kinds[:cut], rendered.owners[:cut]
+        # A turn ends at its last trainable assistant token, so rewards always sit inside the assistant mask
+        # (a truncated sample's closing end-of-turn token comes from the template and is not trained).
         assistant_kinds = (Kind.SAMPLED,) if self.agent.response_storage == "sampled" else (
             Kind.ASSISTANT, Kind.END_OF_TURN)
+        ends = rendered.assistant_turn_ends(assistant_kinds)
+        cut = ends[-1] + 1
+        ids, kinds, owners = rendered.ids[:cut], rendered.kinds[:cut], rendered.owners[:cut]
         is_assistant = [k in assistant_kinds for k in kinds]
         mask = is_assistant if self.agent.loss_mask == "assistant" else [o >= 1 for o in owners]
         turn_rewards = [float(e.outcome.reward) for e in answered]  # type: ignore[union-attr]
