@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -196,6 +196,7 @@ class Config(_Section):
     trainer: TrainerConfig = TrainerConfig()
     eval: EvalConfig = EvalConfig()
     tracking: TrackingConfig = TrackingConfig()
+    _tags: dict = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Config:
@@ -205,6 +206,7 @@ class Config(_Section):
             tags = resolve_tags(self.envs.custom)
         except ValueError as e:
             raise ValueError(str(e)) from None
+        self._tags = tags
         for split in ("train", "val"):
             for tag in getattr(self.envs, split).tags:
                 if tag not in tags:
@@ -231,9 +233,8 @@ class Config(_Section):
         return self
 
     def tag_specs(self) -> dict:
-        from ragen.envs.registry import resolve_tags
-
-        return resolve_tags(self.envs.custom)
+        """Built-in tags with ``envs.custom`` applied (resolved once, at validation)."""
+        return dict(self._tags)
 
 
 # -- loading -------------------------------------------------------------------------------------------------

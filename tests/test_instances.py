@@ -13,11 +13,11 @@ from ragen.envs.seeding import dynamics_seed, group_base_seed, layout_rng, membe
 
 
 def test_group_base_seed_follows_head_schedule():
-    assert group_base_seed("train", 0, 8, 10000, 123) == 10000
-    assert group_base_seed("train", 3, 8, 10000, 123) == 10024  # step k uses 10000+8k ... 10000+8k+7
-    assert group_base_seed("val", 0, 256, 10000, 123) == group_base_seed("val", 50, 256, 10000, 123) == 123
+    assert group_base_seed("train", 0, 8, 10000) == 10000
+    assert group_base_seed("train", 3, 8, 10000) == 10024  # step k uses 10000+8k ... 10000+8k+7
+    assert group_base_seed("val", 0, 256, 123) == group_base_seed("val", 50, 256, 123) == 123
     with pytest.raises(ValueError):
-        group_base_seed("test", 0, 8, 1, 1)
+        group_base_seed("test", 0, 8, 1)
 
 
 def test_plan_members_share_seed_and_ids_are_global():

@@ -65,7 +65,7 @@ def generate_instances(tags: Sequence[str], n_groups: Sequence[int], group_size:
     """The instances table of one iteration. ``seed`` is the train or val base seed: train iteration k starts
     at seed + env_groups * k, val always at seed. One row per env."""
     env_groups = sum(n_groups)
-    base = group_base_seed(mode, iteration, env_groups, seed if mode == "train" else 0, seed)
+    base = group_base_seed(mode, iteration, env_groups, seed)
     plan = plan_instances(tags, n_groups, group_size, base, group_rng)
     envs: dict[str, TextEnv] = {}
     rows = []

@@ -38,13 +38,12 @@ def member_stream(member: int, group_rng: GroupRng) -> int | None:
     raise ValueError(f"group_rng must be 'independent' or 'shared', got {group_rng!r}")
 
 
-def group_base_seed(mode: Literal["train", "val"], iteration: int, env_groups: int, train_seed: int,
-                    val_seed: int) -> int:
-    """First group's seed (REFERENCE 1.6): train steps move by ``env_groups``; val is fixed at every call."""
+def group_base_seed(mode: Literal["train", "val"], iteration: int, env_groups: int, seed: int) -> int:
+    """First group's seed (REFERENCE 1.6): train iteration k starts at seed + env_groups * k; val always at seed."""
     if iteration < 0:
         raise ValueError(f"iteration must be >= 0, got {iteration}")
     if mode == "train":
-        return train_seed + env_groups * iteration
+        return seed + env_groups * iteration
     if mode == "val":
-        return val_seed
+        return seed
     raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
