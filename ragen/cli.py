@@ -100,11 +100,9 @@ def envs_instances(out: Annotated[Path, typer.Option(help="output parquet file")
         typer.secho(f"--mode must be train or val, got {mode!r}", err=True, fg="red")
         raise typer.Exit(2)
     cfg = _config(params, preset or ["cpu-small"], overrides)
-    split = cfg.envs.train if mode == "train" else cfg.envs.val
-    df = generate_instances(split.tags, split.n_groups, split.group_size,
-                            seed=cfg.envs.train_seed if mode == "train" else cfg.envs.val_seed,
-                            iteration=iteration, mode=mode, group_rng=cfg.envs.group_rng,  # type: ignore[arg-type]
-                            tag_specs=cfg.tag_specs())
+    split, seed = cfg.envs.for_mode(mode)
+    df = generate_instances(split.tags, split.n_groups, split.group_size, seed=seed, iteration=iteration,
+                            mode=mode, group_rng=cfg.envs.group_rng, tag_specs=cfg.tag_specs())  # type: ignore[arg-type]
     write_instances(df, out)
     summary = df.groupby("tag").agg(envs=("env_id", "size"), groups=("group", "nunique"),
                                     seeds=("seed", lambda s: f"{s.min()}..{s.max()}"),

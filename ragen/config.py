@@ -69,6 +69,14 @@ class EnvsConfig(_Section):
     custom: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-tag overrides or new tags: {Tag: {base: Bandit, env_kwargs: {}}}")
 
+    def for_mode(self, mode: str) -> tuple[EnvSplit, int]:
+        """The split and base seed of a reset mode ("train" or "val")."""
+        if mode == "train":
+            return self.train, self.train_seed
+        if mode == "val":
+            return self.val, self.val_seed
+        raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
+
 
 class AgentConfig(_Section):
     max_turn: int = Field(5, ge=1, description="LLM turns per episode")
@@ -202,11 +210,7 @@ class Config(_Section):
     def _cross_checks(self) -> Config:
         from ragen.envs.registry import resolve_tags
 
-        try:
-            tags = resolve_tags(self.envs.custom)
-        except ValueError as e:
-            raise ValueError(str(e)) from None
-        self._tags = tags
+        tags = self._tags = resolve_tags(self.envs.custom)
         for split in ("train", "val"):
             for tag in getattr(self.envs, split).tags:
                 if tag not in tags:
@@ -372,7 +376,8 @@ def load_config(params: str | Path | None = None, presets: Iterable[str] = (), o
                 applied.append(part)
     for text in overrides:
         path_, value = parse_override(text)
-        if _section_model(path_[:-1]) is not None and path_[-1] not in _field_names(_section_model(path_[:-1])):
+        section = _section_model(path_[:-1])
+        if section is not None and path_[-1] not in _field_names(section):
             raise ConfigError(f"override {text!r}: {_unknown_key_message(path_)}")
         _set_path(data, path_, value)
     data["preset"] = applied

@@ -111,3 +111,11 @@ def test_params_yaml_is_the_generated_cpu_small_config():
 def test_flatten_for_tracking():
     flat = flatten(Config().model_dump(mode="json"))
     assert flat["agent.max_turn"] == 5 and flat["envs.train.group_size"] == 16
+
+
+def test_envs_for_mode():
+    cfg = load_config(presets=["cpu-small"])
+    assert cfg.envs.for_mode("train") == (cfg.envs.train, 10000)
+    assert cfg.envs.for_mode("val") == (cfg.envs.val, 123)
+    with pytest.raises(ValueError, match="mode must be"):
+        cfg.envs.for_mode("test")
