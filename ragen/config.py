@@ -113,6 +113,10 @@ class RolloutConfig(_Section):
     max_num_batched_tokens: int = Field(8192, ge=1)
     tensor_parallel_size: int = Field(1, ge=1)
     kv_cache_gib: float = Field(2.0, gt=0.0, description="vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE)")
+    enable_prefix_caching: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
+    sync_mean_tol: float = Field(0.1, gt=0.0, description="sync gate: max mean |engine - trainer| probe logprob gap")
+    sync_max_tol: float = Field(1.0, gt=0.0, description="sync gate: max single-token probe logprob gap")
+    progress: bool = Field(True, description="progress bar on interactive terminals (never in CI or logs)")
 
 
 class AlgorithmConfig(_Section):

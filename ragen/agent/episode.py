@@ -28,6 +28,7 @@ class Entry:
     parsed: ParsedResponse | None = None
     mapped: MappedActions | None = None
     outcome: TurnOutcome | None = None
+    finish_reason: str = ""  # the engine's: "stop" (end-of-turn sampled) or "length"
 
     @property
     def answered(self) -> bool:
@@ -59,6 +60,11 @@ class Trajectory:
     action_is_effective: float
     response_length: int  # assistant tokens in the sequence (the paper's "response length")
     actions: list[list[str]] = field(default_factory=list)
+    turn_valid: list[bool] = field(default_factory=list)  # the turn's last action was valid
+    turn_effective: list[bool] = field(default_factory=list)  # ... and changed the state
+    turn_format_error: list[bool] = field(default_factory=list)
+    turn_finish_reasons: list[str] = field(default_factory=list)
+    context_exhausted: bool = False  # stopped because the next prompt no longer fit max_model_len
 
 
 class Episode:
@@ -73,6 +79,7 @@ class Episode:
         self.num_format_errors = 0
         self.num_actions = 0
         self.terminated = self.truncated = False
+        self.context_exhausted = False
         self.done = False
 
     # -- rendering -----------------------------------------------------------------------------------------
@@ -109,7 +116,14 @@ class Episode:
         return self.renderer.render(msgs, add_generation_prompt=True, generation_prefix=self.prefix).ids
 
     # -- stepping ------------------------------------------------------------------------------------------
-    def record(self, response_ids: Sequence[int], logprobs: Sequence[float] | None = None) -> Entry:
+    def stop_for_context(self) -> None:
+        """End the episode, truncated, because its next prompt leaves no room to generate under the context cap."""
+        if not any(e.answered for e in self.history):
+            raise ValueError("the first prompt leaves no room to generate; raise rollout.max_model_len")
+        self.done = self.terminated = self.truncated = self.context_exhausted = True
+
+    def record(self, response_ids: Sequence[int], logprobs: Sequence[float] | None = None,
+               finish_reason: str = "") -> Entry:
         """Take the engine's sampled ids for the current turn: parse, penalise, execute, advance."""
         if self.done:
             raise RuntimeError("episode is finished")
@@ -120,6 +134,7 @@ class Episode:
         entry = self.history[-1]
         entry.response_ids = tuple(int(t) for t in response_ids)
         entry.logprobs = None if logprobs is None else tuple(float(x) for x in logprobs)
+        entry.finish_reason = finish_reason
         entry.text = self.prefix + self.renderer.decode(entry.response_ids)
         entry.parsed = parse_response(entry.text, enable_think=self.agent.enable_think,
                                       max_actions=self.agent.max_actions_per_turn, action_sep=self.agent.action_sep)
@@ -175,13 +190,17 @@ class Episode:
                 logprobs[i] = lp
         n_turns = len(answered)
         infos = [e.outcome.info for e in answered]  # type: ignore[union-attr]
+        valid = [bool(i.get("action_is_valid", False)) for i in infos]
+        effective = [bool(i.get("action_is_effective", False)) for i in infos]
         return Trajectory(
             input_ids=ids, loss_mask=mask, rewards=rewards, sampled_logprobs=logprobs, kinds=kinds,
             turn_end_positions=ends, turn_rewards=turn_rewards, score=score, format_penalty=self.penalty,
             num_format_errors=self.num_format_errors, success=self.success, terminated=self.terminated,
             truncated=self.truncated, num_turns=n_turns, num_actions=self.num_actions,
-            action_is_valid=sum(bool(i.get("action_is_valid", False)) for i in infos) / n_turns,
-            action_is_effective=sum(bool(i.get("action_is_effective", False)) for i in infos) / n_turns,
+            action_is_valid=sum(valid) / n_turns, action_is_effective=sum(effective) / n_turns,
             response_length=sum(is_assistant),
             actions=[[self.env.action_lookup[a] for a in e.outcome.executed] for e in answered],  # type: ignore[union-attr]
+            turn_valid=valid, turn_effective=effective,
+            turn_format_error=[bool(e.mapped and e.mapped.format_error) for e in answered],
+            turn_finish_reasons=[e.finish_reason for e in answered], context_exhausted=self.context_exhausted,
         )

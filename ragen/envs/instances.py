@@ -14,6 +14,7 @@ from ragen.envs.frozen_lake import FrozenLakeEnv, shortest_path_length
 from ragen.envs.registry import TagSpec, get_tag
 from ragen.envs.seeding import GroupRng, group_base_seed, member_stream
 from ragen.envs.sokoban import SokobanEnv, optimal_length
+from ragen.tables import read_table, write_table
 
 COLUMNS = ["iteration", "mode", "env_id", "tag", "group", "member", "seed", "stream", "initial_state",
            "optimal_length"]
@@ -87,24 +88,8 @@ def generate_instances(tags: Sequence[str], n_groups: Sequence[int], group_size:
 
 
 def write_instances(df: pd.DataFrame, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    df.to_parquet(tmp, index=False)
-    tmp.replace(path)  # atomic: a crash never leaves a half-written table
-    return path
+    return write_table(df, path)
 
 
 def read_instances(path: str | Path) -> pd.DataFrame:
-    path = Path(path)
-    try:
-        df = pd.read_parquet(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"instances file {path} does not exist; generate it first") from None
-    except Exception as e:
-        raise ValueError(f"instances file {path} is not a readable parquet table ({e}); delete it and "
-                         f"regenerate it") from None
-    missing = [c for c in COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"instances file {path} lacks columns {missing}; regenerate it")
-    return df
+    return read_table(path, "instances", COLUMNS, "regenerate it with `ragen envs instances`")

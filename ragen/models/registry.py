@@ -1,4 +1,5 @@
-"""Where models live: ``model.base`` is a local path, a hub id, or the alias of the bundled CPU model."""
+"""Where models live: ``model.base`` is a local path, a hub id, or the alias of a model built locally
+(the bundled CPU default, or the tiny random test model)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_CPU_MODEL = "smollm2-135m-instruct"
+TINY_MODEL = "tiny-random-llama"
+ALIASES = (DEFAULT_CPU_MODEL, TINY_MODEL)
 CACHE_ENV = "RAGEN_CACHE_DIR"
 
 
@@ -17,9 +20,30 @@ def cache_root() -> Path:
 
 def resolve_model_path(base: str) -> str:
     """The path or hub id that transformers/vLLM load for ``base``."""
-    if base == DEFAULT_CPU_MODEL:
-        return str(cache_root() / "models" / DEFAULT_CPU_MODEL)
+    if base in ALIASES:
+        return str(cache_root() / "models" / base)
     return base
+
+
+def ensure_model(base: str) -> str:
+    """Make sure the weights of ``base`` can be loaded (building a local alias once) and return its path/id."""
+    path = resolve_model_path(base)
+    if base == DEFAULT_CPU_MODEL:
+        from ragen.models.smollm2 import prepare_model
+
+        prepare_model(Path(path))
+    elif base == TINY_MODEL:
+        from ragen.models.tiny import build_tiny_model
+
+        build_tiny_model(Path(path))
+    elif Path(path).exists():
+        if not (Path(path) / "config.json").is_file():
+            raise FileNotFoundError(f"model.base {base!r} is a local path without config.json; point it at a "
+                                    f"directory written by save_pretrained (or a checkpoint of this project)")
+    elif path.startswith((".", "/", "~")) or os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise FileNotFoundError(f"model.base {base!r} is neither an existing directory nor a reachable hub id; "
+                                f"use {DEFAULT_CPU_MODEL!r} (built by `ragen models prepare`) or a local path")
+    return path
 
 
 def load_tokenizer(base: str, tokenizer: str | None = None, trust_remote_code: bool = False) -> Any:
@@ -27,6 +51,8 @@ def load_tokenizer(base: str, tokenizer: str | None = None, trust_remote_code: b
     from transformers import AutoTokenizer
 
     name = tokenizer or base
+    if name == TINY_MODEL:  # the tiny model shares the bundled tokenizer
+        name = DEFAULT_CPU_MODEL
     path = resolve_model_path(name)
     if name == DEFAULT_CPU_MODEL:
         from ragen.models.smollm2 import prepare_tokenizer

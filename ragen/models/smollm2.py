@@ -51,3 +51,74 @@ def prepare_tokenizer(target: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+# A fixed prompt whose greedy answer the prepared model must give: it shows the weights were dequantized right.
+VERIFY_PROMPT = "What is the capital of France? Answer in one word."
+VERIFY_EXPECT = "paris"
+WEIGHTS_FILE = "model.safetensors"
+MARKER = "ragen-prepared.json"
+
+
+def model_ready(target: Path) -> bool:
+    return (target / MARKER).is_file() and (target / WEIGHTS_FILE).is_file() and tokenizer_ready(target)
+
+
+def prepare_model(target: Path, *, verify: bool = True) -> Path:
+    """Build SmolLM2-135M-Instruct as plain safetensors (+ tokenizer, chat template) in ``target``, once.
+
+    The GGUF file is dequantized by transformers; its state dict is copied into a fresh ``LlamaForCausalLM``
+    whose config has no ``quantization_config``, so vLLM and DeepSpeed load it as an ordinary checkpoint.
+    Written to a temporary directory and moved into place only after verification."""
+    if model_ready(target):
+        return target
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    src = gguf_path()
+    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, torch_dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.torch_dtype = torch.float32
+    fresh = LlamaForCausalLM(config)
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    # tied embeddings: lm_head.weight may be absent from the GGUF state dict
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF weights do not fit LlamaForCausalLM: missing {missing}, unexpected {unexpected}")
+    fresh.generation_config = loaded.generation_config
+    del loaded
+    answer = greedy_answer(fresh, tok, VERIFY_PROMPT) if verify else ""
+    if verify and VERIFY_EXPECT not in answer.lower():
+        raise RuntimeError(f"the dequantized model answered {answer!r} to {VERIFY_PROMPT!r} (expected "
+                           f"{VERIFY_EXPECT!r}); the GGUF file {src} may be damaged: reinstall {PIP_SPEC}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".model-"))
+    try:
+        fresh.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / MARKER).write_text(json.dumps({"source": str(src), "source_bytes": src.stat().st_size,
+                                              "verify_prompt": VERIFY_PROMPT, "verify_answer": answer}, indent=1))
+        target.mkdir(parents=True, exist_ok=True)
+        for f in tmp.iterdir():
+            if f.name != MARKER:
+                shutil.move(str(f), target / f.name)
+        shutil.move(str(tmp / MARKER), target / MARKER)  # last: its presence means the directory is complete
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def greedy_answer(model, tokenizer, question: str, max_new_tokens: int = 16) -> str:
+    import torch
+
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)

