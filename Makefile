@@ -22,15 +22,16 @@ $(STAMP): $(BIN)/python pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-## setup: venv, packages, and the bundled model's tokenizer
+## setup: venv, packages, and the bundled model (tokenizer + safetensors weights, built once into the cache)
 setup: $(STAMP)
 	$(BIN)/ragen models tokenizer
+	$(BIN)/ragen models prepare
 
-## run: the main job on embedded defaults (params.yaml = cpu-small): the pipeline's first stage for iteration 0
+## run: the main job on embedded defaults (params.yaml = cpu-small): instances and vLLM rollouts of iteration 0
 run: setup
 	$(BIN)/ragen envs instances --params params.yaml --mode train --iteration 0 --out runs/$(RUN)/iter_0/instances.parquet
 	$(BIN)/ragen envs instances --params params.yaml --mode val --out runs/$(RUN)/val/instances.parquet
-	$(BIN)/ragen envs show --params params.yaml --tag SimpleSokoban --seed 10000
+	$(BIN)/ragen rollout --params params.yaml --mode train --iteration 0 --out runs/$(RUN)/iter_0/rollouts.parquet
 
 ## test: lint + the whole test suite
 test: setup
@@ -42,6 +43,7 @@ lint: setup
 
 bench: setup
 	$(BIN)/ragen bench envs --json
+	$(BIN)/ragen bench rollout --json
 
 clean-venv:
 	rm -rf $(VENV)

@@ -111,6 +111,46 @@ def envs_instances(out: Annotated[Path, typer.Option(help="output parquet file")
     typer.echo(f"wrote {len(df)} instances to {out}")
 
 
+@app.command("rollout")
+def rollout_cmd(out: Annotated[Path, typer.Option(help="rollouts parquet file to write")],
+                mode: Annotated[str, typer.Option(help="train or val")] = "train",
+                iteration: Annotated[int, typer.Option(help="training iteration (train mode)")] = 0,
+                engine: Annotated[str | None, typer.Option(help="vllm or hf (default: rollout.engine)")] = None,
+                params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None,
+                as_json: Annotated[bool, typer.Option("--json", help="print metrics as one JSON object")] = False,
+                ) -> None:
+    """Collect one iteration's rollouts standalone with the configured engine and base model; print metrics."""
+    from ragen.agent.chat import ChatRenderer
+    from ragen.models import load_tokenizer
+    from ragen.rollout.factory import make_engine
+    from ragen.rollout.runner import collect
+    from ragen.rollout.table import write_rollouts
+
+    if mode not in ("train", "val"):
+        typer.secho(f"--mode must be train or val, got {mode!r}", err=True, fg="red")
+        raise typer.Exit(2)
+    cfg = _config(params, preset or ["cpu-small"], overrides)
+    tok = load_tokenizer(cfg.model.base, cfg.model.tokenizer, cfg.model.trust_remote_code)
+    renderer = ChatRenderer(tok, cfg.model.end_of_turn_token)
+    try:
+        eng = make_engine(cfg, tok, engine=engine)
+    except (FileNotFoundError, ImportError, ValueError) as e:
+        typer.secho(str(e), err=True, fg="red")
+        raise typer.Exit(1) from None
+    try:
+        c = collect(cfg, eng, renderer, mode=mode, iteration=iteration)
+    finally:
+        eng.close()
+    write_rollouts(c.rollouts, out)
+    if as_json:
+        typer.echo(json.dumps(c.metrics))
+    else:
+        for k, v in c.metrics.items():
+            if "non-zero" not in k:
+                typer.echo(f"{k:40s} {v:12.4f}")
+        typer.echo(f"wrote {len(c.rollouts)} trajectories to {out}")
+
+
 @bench_app.command("envs")
 def bench_envs_cmd(as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
                    seconds: Annotated[float, typer.Option(help="time per measurement")] = 2.0) -> None:
@@ -123,6 +163,45 @@ def bench_envs_cmd(as_json: Annotated[bool, typer.Option("--json", help="print o
     else:
         for k, v in result.items():
             typer.echo(f"{k:28s} {v:12.1f}")
+
+
+@bench_app.command("rollout")
+def bench_rollout_cmd(as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+                      engine: Annotated[list[str] | None, typer.Option(help="engines to compare")] = None,
+                      model: Annotated[str, typer.Option(help="model alias, path or hub id")] = "smollm2-135m-instruct",
+                      groups: int = 8, group_size: int = 8, turns: int = 5, new_tokens: int = 128,
+                      overrides: SetOpt = None) -> None:
+    """Multi-turn rollout throughput: vLLM vs HF generate on the same SimpleSokoban workload (HF re-reads the
+    whole conversation every turn, so its part takes most of the time: ~25 min here)."""
+    from ragen.bench import bench_rollout
+
+    result = bench_rollout(tuple(engine or ("vllm", "hf")), model=model, groups=groups, group_size=group_size,
+                           turns=turns, new_tokens=new_tokens, extra=tuple(overrides or ()))
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        for k, v in result.items():
+            typer.echo(f"{k:28s} {v:>12.3f}" if isinstance(v, float) else f"{k:28s} {v!s:>12}")
+
+
+@models_app.command("prepare")
+def models_prepare(base: Annotated[str, typer.Option(help="model alias (smollm2-135m-instruct, tiny-random-llama), "
+                                                       "local path or hub id")] = "smollm2-135m-instruct") -> None:
+    """Build a model's weights once into the cache (the bundled SmolLM2 from its GGUF file; the tiny test model
+    from scratch) and verify it; a no-op when already built."""
+    import time
+
+    from ragen.models import ensure_model
+
+    t0 = time.perf_counter()
+    try:
+        path = ensure_model(base)
+    except (FileNotFoundError, RuntimeError) as e:
+        typer.secho(str(e), err=True, fg="red")
+        raise typer.Exit(1) from None
+    marker = Path(path) / "ragen-prepared.json"
+    note = f" (verified: {json.loads(marker.read_text())['verify_answer']!r})" if marker.is_file() else ""
+    typer.echo(f"{base}: ready at {path} in {time.perf_counter() - t0:.1f} s{note}")
 
 
 @models_app.command("tokenizer")

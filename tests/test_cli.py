@@ -38,3 +38,30 @@ def test_instances_command(tmp_path):
 def test_config_error_exit_code():
     res = runner.invoke(app, ["config", "show", "--set", "agent.max_turn=zero"])
     assert res.exit_code == 2 and "agent.max_turn = 'zero'" in res.output
+
+
+def test_rollout_command_with_hf_engine_on_tiny_model(tmp_path):
+    from ragen.rollout.table import read_rollouts
+
+    out = tmp_path / "rollouts.parquet"
+    args = ["rollout", "--out", str(out), "--engine", "hf", "--json",
+            "--set", "model.base=tiny-random-llama", "--set", "envs.train.tags=[Bandit]",
+            "--set", "envs.train.n_groups=[2]", "--set", "envs.train.group_size=2",
+            "--set", "rollout.response_length=8", "--set", "algorithm.filter_ratio=1.0",
+            "--set", "actor.ppo_mini_batch_size=2", "--set", "critic.ppo_mini_batch_size=2"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    last = res.output.strip().splitlines()[-1]  # stderr (progress bars) is mixed into the output
+    metrics = json.loads(last[last.index("{"):])
+    assert metrics["Bandit/format_error_rate"] == 1.0 and metrics["rollout/generated_tokens"] == 4 * 8 * 5  # no valid arm: every turn is used
+    assert len(read_rollouts(out)) == 4
+
+
+def test_rollout_command_bad_mode():
+    res = runner.invoke(app, ["rollout", "--out", "x.parquet", "--mode", "test"])
+    assert res.exit_code == 2 and "--mode must be train or val" in res.output
+
+
+def test_models_prepare_tiny():
+    res = runner.invoke(app, ["models", "prepare", "--base", "tiny-random-llama"])
+    assert res.exit_code == 0 and "tiny-random-llama: ready at" in res.output

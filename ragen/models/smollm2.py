@@ -79,11 +79,11 @@ def prepare_model(target: Path, *, verify: bool = True) -> Path:
 
     src = gguf_path()
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-    loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, torch_dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.torch_dtype = torch.float32
+    config.dtype = torch.float32
     fresh = LlamaForCausalLM(config)
     missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
     # tied embeddings: lm_head.weight may be absent from the GGUF state dict

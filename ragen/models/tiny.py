@@ -29,7 +29,7 @@ def build_tiny_model(target: Path | None = None, *, seed: int = 0, tokenizer: st
     config = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=4096,
                          tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id, rope_theta=10000.0, torch_dtype="float32")
+                         pad_token_id=tok.pad_token_id, rope_theta=10000.0, dtype="float32")
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     target.parent.mkdir(parents=True, exist_ok=True)

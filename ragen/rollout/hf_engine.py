@@ -21,7 +21,7 @@ class HFEngine:
         from transformers import AutoModelForCausalLM
 
         self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(
-            model_path, torch_dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+            model_path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
         self.model.eval()
         self.pad_token_id = int(pad_token_id)
         self.batch_size = batch_size

@@ -54,6 +54,7 @@ class VLLMEngine:
                        trust_remote_code=trust_remote_code, logprobs_mode="processed_logprobs",
                        skip_tokenizer_init=False)
         self.max_model_len = max_model_len
+        self.dtype = getattr(torch, DTYPES[dtype])
 
     def _params(self, sampling: Sampling, max_tokens: int, **extra: Any) -> Any:
         from vllm import SamplingParams
@@ -93,7 +94,9 @@ class VLLMEngine:
         return result
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(named_tensors))})
+        # cast to the engine's dtype first: reload_weights does not convert fp32 trainer tensors reliably
+        weights = [(n, t.detach().to(self.dtype)) for n, t in named_tensors]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         # cached KV blocks were computed with the old weights
         self.llm.reset_prefix_cache()
 
