@@ -63,7 +63,12 @@ def collect_rollouts(engine: Engine, instances: pd.DataFrame, agent: AgentConfig
     for row in instances.itertuples(index=False):
         spec = get_tag(row.tag, tag_specs)
         stream = None if pd.isna(row.stream) else int(row.stream)
-        episodes.append(Episode(spec.make(), spec, agent, renderer, seed=int(row.seed), stream=stream))
+        ep = Episode(spec.make(), spec, agent, renderer, seed=int(row.seed), stream=stream)
+        expected = getattr(row, "initial_state", "")
+        if expected and ep.history[0].state != expected:  # the table and the envs must agree on the task
+            raise ValueError(f"env {row.env_id} ({row.tag}, seed {row.seed}) resets to a different state than "
+                             f"its instances row records; regenerate the instances with this code version")
+        episodes.append(ep)
     t = timer.add("env", t)
     result = RolloutResult([])
     for turn in range(agent.max_turn):
