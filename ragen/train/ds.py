@@ -1,0 +1,90 @@
+"""DeepSpeed engines for the actor and critic from a JSON config in ``infra/deepspeed/``, identical on this
+CPU machine (DS_ACCELERATOR=cpu, gloo) and on GPUs (nccl).
+
+Gradient accumulation is ours: micro-batches vary in size (token budget), each micro-batch loss already carries
+the mini-batch's denominator, so ``backward`` does not rescale and the accumulation boundary is set by hand on
+the last micro-batch of a mini-batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_distributed() -> tuple[int, int]:
+    """Initialise torch.distributed once (a launcher's env, or a 1-process group on 127.0.0.1); reuse a group
+    that already exists (in-process vLLM creates one). Returns (rank, world size)."""
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
+                                   auto_mpi_discovery=False)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def load_ds_config(path: str | Path, *, grad_clip: float, dtype: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"DeepSpeed config {p} does not exist (actor/critic.deepspeed_config); the project "
+                                f"ships infra/deepspeed/zero0.json and zero2.json")
+    try:
+        cfg = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"DeepSpeed config {p} is not valid JSON: {e}") from None
+    cfg["train_micro_batch_size_per_gpu"] = 1  # informational: batching is ours
+    cfg["gradient_accumulation_steps"] = 1
+    cfg["gradient_clipping"] = grad_clip
+    cfg["zero_allow_untested_optimizer"] = True  # a plain torch AdamW, identical on CPU and GPU
+    if dtype == "fp32":
+        cfg["bf16"] = {"enabled": False}
+    cfg.setdefault("steps_per_print", 10**9)
+    return cfg
+
+
+def make_engine(model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float, grad_clip: float,
+                ds_config: str | Path, dtype: str = "fp32") -> Any:
+    """A DeepSpeed engine with AdamW (constant lr). ``dtype`` fp32 forces full precision whatever the file says."""
+    import deepspeed
+
+    ensure_distributed()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt,
+                                      config=load_ds_config(ds_config, grad_clip=grad_clip, dtype=dtype))
+    return engine
+
+
+def zero_stage(engine: Any) -> int:
+    return int(engine.zero_optimization_stage())
+
+
+def grad_norm(engine: Any) -> float:
+    """The pre-clip global L2 grad norm of the accumulated gradients, read before ``step``."""
+    if zero_stage(engine) == 0 and not engine.bfloat16_enabled():
+        grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+        if not grads:
+            return 0.0
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+    n = engine.get_global_grad_norm()
+    return float("nan") if n is None else float(n)

@@ -1,0 +1,83 @@
+"""Actor (causal LM), critic (same backbone + scalar value head) and the frozen reference model, plus the
+forward passes the update needs, aligned per token: position t holds what concerns token t (its logprob under
+logits t-1, the value of the state before it); position 0 holds 0 and is never trained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ragen.algos.losses import entropy_from_logits, logprobs_from_logits
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def load_actor(path: str, *, trust_remote_code: bool = False, gradient_checkpointing: bool = False) -> nn.Module:
+    """fp32 master weights (mixed precision, if any, comes from the DeepSpeed config)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    model.config.use_cache = False
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def load_reference(path: str, *, dtype: str = "bf16", trust_remote_code: bool = False) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    model.eval().requires_grad_(False)
+    return model
+
+
+class Critic(nn.Module):
+    """The actor's backbone with a new scalar value head (fp32, zero-initialised so V starts at 0)."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        h = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        v = self.value_head(h.float()).squeeze(-1)  # (b, L): value after reading token t
+        return torch.nn.functional.pad(v[:, :-1], (1, 0))  # value of the state before token t
+
+
+def load_critic(path: str, *, trust_remote_code: bool = False, gradient_checkpointing: bool = False,
+                value_head: str | Path | None = None) -> Critic:
+    from transformers import AutoModel
+
+    backbone = AutoModel.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    backbone.config.use_cache = False
+    if gradient_checkpointing:
+        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    critic = Critic(backbone, backbone.config.hidden_size)
+    if value_head is not None:
+        from safetensors.torch import load_file
+
+        critic.value_head.load_state_dict(load_file(str(value_head)))
+    return critic
+
+
+def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float = 1.0, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log pi(token t | tokens < t) of a causal LM at ``temperature`` (b, L), position 0 = 0; and the
+    entropy of each predictive distribution (same alignment) if asked."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    if temperature != 1.0:
+        logits = logits / temperature
+    lp = torch.nn.functional.pad(logprobs_from_logits(logits, input_ids[:, 1:]), (1, 0))
+    ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
+    return lp, ent
+
+
+def unwrap(model: Any) -> nn.Module:
+    """The plain module inside a DeepSpeed engine (or the module itself)."""
+    return getattr(model, "module", model)

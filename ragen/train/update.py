@@ -1,0 +1,302 @@
+"""One StarPO / StarPO-S update on a (filtered) rollout batch (REFERENCE 3):
+
+recompute old logprobs -> (reference logprobs) -> values -> token rewards (normalised score, KL in reward)
+-> advantages (GAE / bi-level GAE / GRPO) -> critic epochs, then actor epochs, over mini-batches with
+micro-batch gradient accumulation, grad clip and non-finite step skipping.
+
+Every rank sees the whole batch's metadata and works on trajectories ``rank::world`` of each mini-batch;
+losses carry the whole mini-batch's denominators times the world size, so after DeepSpeed averages gradients
+over ranks the update equals the one-rank update of the same batch."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ragen.algos.advantages import bi_level_gae, gae, grpo, normalize_scores
+from ragen.algos.losses import agg_loss, kl_penalty, policy_terms, value_terms
+from ragen.algos.masked import masked_mean
+from ragen.config import Config
+from ragen.train.batch import MicroBatch, Sequences, bucket_micro_batches, collate, fixed_micro_batches, pad_ragged
+from ragen.train.ds import grad_norm
+from ragen.train.models import token_logprobs, unwrap
+
+
+@dataclass
+class UpdateResult:
+    metrics: dict[str, float]
+    actor_steps: int = 0
+    critic_steps: int = 0
+    skipped_steps: int = 0
+    lists: dict[str, list[float]] = field(default_factory=dict)  # per mini-batch values (grad norms, losses)
+
+
+def micro_batches(seqs: Sequences, index: list[int], *, micro_batch_size: int, token_budget: int,
+                  pad_id: int) -> list[MicroBatch]:
+    """Length-bucketed micro-batches under ``token_budget`` padded tokens when it is set, else fixed chunks."""
+    lengths = [len(seqs.input_ids[i]) for i in index]
+    if token_budget > 0:
+        groups = bucket_micro_batches(lengths, token_budget)
+    else:
+        groups = fixed_micro_batches(len(index), micro_batch_size)
+    return [collate(seqs, [index[j] for j in g], pad_id) for g in groups]
+
+
+def _rows(full: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+    """The rows of a (B, Lmax) tensor for a micro-batch, cut to its width."""
+    return full[mb.index, :mb.input_ids.shape[1]]
+
+
+@torch.no_grad()
+def score_batch(model: Any, seqs: Sequences, mbs: list[MicroBatch], *, temperature: float,
+                kind: str) -> torch.Tensor:
+    """Old/ref logprobs (kind='logp') or values (kind='value') for every trajectory, (B, Lmax), fp32."""
+    out = torch.zeros((len(seqs), int(seqs.lengths.max())), dtype=torch.float32)
+    m = unwrap(model)
+    was_training = m.training
+    m.eval()
+    for mb in mbs:
+        if kind == "value":
+            v = m(mb.input_ids, mb.attention_mask).float()
+        else:
+            v, _ = token_logprobs(m, mb.input_ids, mb.attention_mask, temperature)
+        out[mb.index, :v.shape[1]] = v.float() * mb.attention_mask
+    m.train(was_training)
+    return out
+
+
+def token_rewards(cfg: Config, seqs: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense token rewards (B, Lmax) and the per-trajectory score used for them (REFERENCE 2.7): with turn
+    scores off, the (normalised) score sits where the stored reward sits; with turn scores on, the stored
+    per-turn rewards are used as they are (no penalty, no normalisation, as the original)."""
+    L = int(seqs.lengths.max())
+    stored = pad_ragged(seqs.rewards, L)
+    scores = torch.as_tensor(seqs.scores, dtype=torch.float32)
+    if cfg.agent.use_turn_scores:
+        return stored, scores
+    a = cfg.algorithm
+    key = {"state": seqs.groups.tolist(), "batch": [0] * len(seqs), "inductive": seqs.tags}[a.reward_norm_grouping]
+    from ragen.algos.advantages import group_index
+
+    normed = normalize_scores(scores, group_index(key), a.reward_norm_method)
+    where = stored != 0
+    rewards = torch.zeros_like(stored)
+    for b in range(len(seqs)):
+        pos = torch.nonzero(where[b]).flatten()
+        last = int(pos[-1]) if len(pos) else int(np.flatnonzero(seqs.loss_mask[b])[-1])
+        rewards[b, last] = normed[b]
+    return rewards, normed
+
+
+def _chunks(n: int, size: int) -> list[list[int]]:
+    return [list(range(s, min(s + size, n))) for s in range(0, n, size)]
+
+
+def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref: Any = None, pad_id: int,
+           rank: int = 0, world: int = 1, iteration: int = 0,
+           progress: Callable[[str, int, int], None] | None = None) -> UpdateResult:
+    """One update. ``actor``/``critic`` are DeepSpeed engines (or anything with backward/step/module);
+    ``ref`` a frozen model (needed when a KL term is on or tracked)."""
+    t0 = time.perf_counter()
+    a, ac, cc = cfg.algorithm, cfg.actor, cfg.critic
+    temp = cfg.rollout.temperature
+    B, L = len(seqs), int(seqs.lengths.max())
+    all_idx = list(range(B))
+    score_mbs = micro_batches(seqs, all_idx, micro_batch_size=ac.micro_batch_size,
+                              token_budget=ac.micro_batch_tokens, pad_id=pad_id)
+    mask = pad_ragged(seqs.loss_mask, L, dtype=torch.bool)
+    valid = pad_ragged([np.ones(n) for n in seqs.lengths], L, dtype=torch.bool)
+    ends = pad_ragged(seqs.turn_ends, L, dtype=torch.bool)
+    metrics: dict[str, float] = {}
+    lists: dict[str, list[float]] = defaultdict(list)
+
+    old_logp = score_batch(actor, seqs, score_mbs, temperature=temp, kind="logp")
+    metrics["rollout/old_log_prob"] = float(masked_mean(old_logp, mask))
+    ref_logp = None
+    if ref is not None:
+        ref_logp = score_batch(ref, seqs, score_mbs, temperature=temp, kind="logp")
+        metrics["rollout/ref_log_prob"] = float(masked_mean(ref_logp, mask))
+        metrics["rollout/kl_old_ref"] = float(masked_mean(kl_penalty(old_logp, ref_logp, a.kl_penalty), mask))
+    use_critic = a.adv_estimator == "gae"
+    if use_critic and critic is None:
+        raise ValueError("algorithm.adv_estimator=gae needs a critic")
+    values = score_batch(critic, seqs, score_mbs, temperature=1.0, kind="value") if use_critic else None
+    metrics["timing_s/update_scoring"] = time.perf_counter() - t0
+
+    rewards, scores = token_rewards(cfg, seqs)
+    if a.use_kl_in_reward:
+        if ref_logp is None:
+            raise ValueError("algorithm.use_kl_in_reward needs the reference model")
+        rewards = rewards - a.kl_coef * kl_penalty(old_logp, ref_logp, a.kl_penalty) * mask
+    if a.adv_estimator == "grpo":
+        adv = grpo(scores, torch.as_tensor(seqs.groups), mask,
+                   norm="mean_std" if a.reward_norm_method != "mean" else "mean", length_weight=a.grpo_length_weight)
+        returns = None
+    elif a.bi_level_gae:
+        adv, returns = bi_level_gae(rewards, values, mask, ends, gamma=a.gamma, lam=a.lam,  # type: ignore[arg-type]
+                                    high_level_gamma=a.high_level_gamma)
+    else:
+        adv, returns = gae(rewards, values, mask, valid, gamma=a.gamma, lam=a.lam)  # type: ignore[arg-type]
+    metrics.update({"critic/score/mean": float(scores.mean()), "critic/advantages/mean": float(masked_mean(adv, mask)),
+                    "critic/advantages/max": float(adv[mask].max()) if mask.any() else 0.0,
+                    "critic/advantages/min": float(adv[mask].min()) if mask.any() else 0.0})
+    if returns is not None and values is not None:
+        metrics["critic/returns/mean"] = float(masked_mean(returns, mask))
+        metrics["critic/values/mean"] = float(masked_mean(values, mask))
+        var_r = float(returns[mask].var()) if mask.sum() > 1 else 0.0
+        metrics["critic/vf_explained_var"] = (1 - float((returns - values)[mask].var()) / var_r) if var_r > 0 \
+            else float("nan")
+
+    result = UpdateResult(metrics)
+    order = all_idx  # no shuffling (the original's default); a shuffle would use a seeded permutation here
+    if ac.shuffle:
+        order = torch.randperm(B, generator=torch.Generator().manual_seed(cfg.trainer.seed + iteration)).tolist()
+
+    def minibatches(size: int) -> list[list[int]]:
+        # a smaller last mini-batch uses its own denominators
+        return [[order[i] for i in chunk] for chunk in _chunks(B, size)]
+
+    # -- critic first (advantages above used the pre-update values) -----------------------------------------
+    if use_critic:
+        for _ in range(cc.ppo_epochs):
+            for mini in minibatches(cc.ppo_mini_batch_size):
+                step_metrics = _critic_step(cfg, critic, seqs, mini, values, returns, mask, pad_id, rank, world)
+                _record(result, lists, step_metrics, "critic")
+    # -- actor ---------------------------------------------------------------------------------------------
+    if iteration >= cfg.trainer.critic_warmup:
+        for _ in range(ac.ppo_epochs):
+            for mini in minibatches(ac.ppo_mini_batch_size):
+                step_metrics = _actor_step(cfg, actor, seqs, mini, old_logp, ref_logp, adv, mask, pad_id, rank,
+                                           world)
+                _record(result, lists, step_metrics, "actor")
+                if progress is not None:
+                    progress("actor", len(lists["actor/pg_loss"]), 0)
+    for k, v in lists.items():
+        finite = [x for x in v if math.isfinite(x)]
+        result.metrics[k] = float(np.mean(finite)) if finite else float("nan")
+    result.metrics["actor/lr"] = ac.lr
+    if use_critic:
+        result.metrics["critic/lr"] = cc.lr
+    result.metrics["timing_s/update"] = time.perf_counter() - t0
+    n_tokens = int(sum(seqs.lengths))
+    result.metrics["update/tokens"] = float(n_tokens)
+    result.lists = dict(lists)
+    return result
+
+
+def _record(result: UpdateResult, lists: dict[str, list[float]], step: dict[str, float], who: str) -> None:
+    for k, v in step.items():
+        lists[k].append(v)
+    skipped = step.get(f"{who}/skipped", 0.0) > 0
+    result.skipped_steps += int(skipped)
+    if who == "actor":
+        result.actor_steps += int(not skipped)
+    else:
+        result.critic_steps += int(not skipped)
+
+
+def _shard(mini: list[int], rank: int, world: int) -> list[int]:
+    return mini[rank::world]
+
+
+def _boundary_steps(engine: Any, seqs: Sequences, local: list[int], cfg_opt: Any, pad_id: int,
+                    loss_fn: Callable[[MicroBatch], tuple[torch.Tensor, dict[str, float]]],
+                    world: int) -> dict[str, float]:
+    """Forward/backward every local micro-batch, the last one on the accumulation boundary, then one step;
+    skip the step when a loss or the gradient norm is not finite."""
+    mbs = micro_batches(seqs, local, micro_batch_size=cfg_opt.micro_batch_size,
+                        token_budget=cfg_opt.micro_batch_tokens, pad_id=pad_id) if local else []
+    sums: dict[str, float] = defaultdict(float)
+    finite = True
+    if not mbs:
+        raise ValueError("a rank got no trajectories of a mini-batch; use a mini-batch of at least world size")
+    for i, mb in enumerate(mbs):
+        engine.set_gradient_accumulation_boundary(i == len(mbs) - 1)
+        loss, parts = loss_fn(mb)
+        finite &= bool(torch.isfinite(loss))
+        engine.backward(loss * world, scale_wrt_gas=False)
+        for k, v in parts.items():
+            sums[k] += v
+    if world > 1:  # loss parts are per-rank partial sums of mini-batch quantities
+        import torch.distributed as dist
+
+        keys = sorted(sums)
+        t = torch.tensor([sums[k] for k in keys] + [0.0 if finite else 1.0], dtype=torch.float64)
+        dist.all_reduce(t)
+        sums = defaultdict(float, zip(keys, t[:-1].tolist(), strict=True))
+        finite = bool(t[-1] == 0)
+    norm = grad_norm(engine) if finite else float("nan")
+    skip = not finite or not math.isfinite(norm)
+    if skip:
+        engine.optimizer.zero_grad()
+        engine.module.zero_grad(set_to_none=True)
+    else:
+        engine.step()
+        if not math.isfinite(norm):
+            norm = grad_norm(engine)
+    sums["grad_norm"] = norm
+    sums["skipped"] = float(skip)
+    return sums
+
+
+def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_logp: torch.Tensor,
+                ref_logp: torch.Tensor | None, adv: torch.Tensor, mask: torch.Tensor, pad_id: int, rank: int,
+                world: int) -> dict[str, float]:
+    ac = cfg.actor
+    mini_mask = mask[mini]
+    n_tokens = float(mini_mask.sum().clamp(min=1))
+    n_seqs = float(len(mini))
+    denom = n_tokens if ac.loss_agg_mode == "token-mean" else n_seqs
+    norm_len = int(seqs.lengths[mini].max())
+    m = unwrap(actor)
+    m.train()
+
+    def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        lp, ent = token_logprobs(m, mb.input_ids, mb.attention_mask, cfg.rollout.temperature, with_entropy=True)
+        msk = mb.loss_mask
+        terms = policy_terms(lp, _rows(old_logp, mb), _rows(adv, mb), ac.clip_ratio_low, ac.clip_ratio_high,
+                             ac.clip_ratio_c)
+        pg = agg_loss(terms.loss_mat, msk, ac.loss_agg_mode, denom, norm_len)
+        entropy = agg_loss(ent, msk, ac.loss_agg_mode, denom, norm_len)  # type: ignore[arg-type]
+        loss = pg - ac.entropy_coeff * entropy
+        parts = {"actor/pg_loss": float(pg), "actor/entropy_loss": float(entropy)}
+        if ac.use_kl_loss and ref_logp is not None:
+            kl = agg_loss(kl_penalty(lp, _rows(ref_logp, mb), ac.kl_loss_type), msk, ac.loss_agg_mode, denom,
+                          norm_len)
+            loss = loss + ac.kl_loss_coef * kl
+            parts["actor/kl_loss"] = float(kl)
+        tok = float(msk.sum())
+        parts["actor/pg_clipfrac"] = float((terms.clipped & msk).sum()) / n_tokens
+        parts["actor/pg_clipfrac_lower"] = float((terms.dual_clipped & msk).sum()) / n_tokens
+        parts["actor/ppo_kl"] = float((terms.neg_approx_kl * msk).sum()) / n_tokens
+        parts["actor/tokens"] = tok
+        return loss, parts
+
+    out = _boundary_steps(actor, seqs, _shard(mini, rank, world), ac, pad_id, loss_fn, world)
+    return {("actor/" + k if "/" not in k else k): v for k, v in out.items()}
+
+
+def _critic_step(cfg: Config, critic: Any, seqs: Sequences, mini: list[int], old_values: torch.Tensor,
+                 returns: torch.Tensor, mask: torch.Tensor, pad_id: int, rank: int, world: int) -> dict[str, float]:
+    cc = cfg.critic
+    n_tokens = float(mask[mini].sum().clamp(min=1))
+    m = unwrap(critic)
+    m.train()
+
+    def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        v = m(mb.input_ids, mb.attention_mask)
+        loss_mat, clipped = value_terms(v, _rows(old_values, mb), _rows(returns, mb), cc.cliprange_value)
+        loss = agg_loss(loss_mat, mb.loss_mask, "token-mean", n_tokens)
+        parts = {"critic/vf_loss": float(loss), "critic/vf_clipfrac": float((clipped & mb.loss_mask).sum()) / n_tokens,
+                 "critic/vpred_mean": float((v.detach() * mb.loss_mask).sum()) / n_tokens}
+        return loss, parts
+
+    out = _boundary_steps(critic, seqs, _shard(mini, rank, world), cc, pad_id, loss_fn, world)
+    return {("critic/" + k if "/" not in k else k): v for k, v in out.items()}
