@@ -42,6 +42,19 @@ def test_presets():
     assert load_config(presets=["paper"]).model.base == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
+def test_ppo_and_grpo_presets_match_reference_3_9():
+    s_grpo = load_config(presets=["starpo-s", "grpo"])
+    assert s_grpo.algorithm.adv_estimator == "grpo" and s_grpo.algorithm.reward_norm_method == "mean_std"
+    assert s_grpo.algorithm.filter_ratio == 0.25 and not s_grpo.actor.use_kl_loss
+    assert s_grpo.actor.clip_ratio_high == 0.28
+    v_grpo = load_config(presets=["starpo-grpo"])
+    assert v_grpo.algorithm.filter_ratio == 1.0 and v_grpo.actor.clip_ratio_high == 0.2
+    assert v_grpo.actor.use_kl_loss and v_grpo.actor.kl_loss_coef == 0.001 and v_grpo.actor.kl_loss_type == "kl"
+    assert not v_grpo.algorithm.use_kl_in_reward
+    v_ppo = load_config(presets=["starpo", "ppo"])
+    assert v_ppo.algorithm.adv_estimator == "gae" and v_ppo.algorithm.use_kl_in_reward
+
+
 def test_overrides_are_yaml_typed():
     cfg = load_config(presets=["cpu-small"], overrides=["agent.max_turn=3", "agent.enable_think=false",
                                                         "envs.train.tags=[Bandit]", "envs.train.n_groups=[8]",

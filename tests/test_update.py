@@ -131,3 +131,31 @@ def test_grpo_needs_no_critic(batch, tokenizer):
     a, _ = engines(g, "plain")
     res = update(g, seqs, a, pad_id=tokenizer.pad_token_id)
     assert res.actor_steps == 2 and "critic/vf_loss" not in res.metrics
+
+
+def run_ranks(tmp_path, n, zero):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / f"w{n}-{Path(zero).stem}.pt"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    from ragen.train.ds import free_port
+
+    proc = subprocess.run([str(torchrun), "--nproc_per_node", str(n), "--master_port", str(free_port()),
+                           str(Path(__file__).with_name("dist_worker.py")), str(out), zero],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero", ["infra/deepspeed/zero0.json", "infra/deepspeed/zero2.json"])
+def test_two_ranks_give_the_one_rank_update(tmp_path, zero):
+    one = run_ranks(tmp_path, 1, "infra/deepspeed/zero0.json")
+    two = run_ranks(tmp_path, 2, zero)
+    assert two["world"] == 2
+    for part in ("actor", "critic"):
+        for k, v in one[part].items():
+            assert torch.allclose(v, two[part][k], atol=1e-5), (part, k, float((v - two[part][k]).abs().max()))
+    assert one["lists"]["actor/pg_loss"] == pytest.approx(two["lists"]["actor/pg_loss"], rel=1e-4, abs=1e-7)

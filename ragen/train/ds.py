@@ -79,12 +79,18 @@ def zero_stage(engine: Any) -> int:
     return int(engine.zero_optimization_stage())
 
 
-def grad_norm(engine: Any) -> float:
-    """The pre-clip global L2 grad norm of the accumulated gradients, read before ``step``."""
+def grad_norm_before_step(engine: Any) -> float | None:
+    """The pre-clip global L2 norm of the accumulated gradients when they sit on the parameters (ZeRO-0 fp32,
+    after the boundary all-reduce); None where the optimizer holds them (ZeRO-1/2/3, bf16)."""
     if zero_stage(engine) == 0 and not engine.bfloat16_enabled():
         grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
         if not grads:
             return 0.0
         return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+    return None
+
+
+def grad_norm_after_step(engine: Any) -> float:
+    """The norm DeepSpeed's optimizer computed during ``step`` (NaN if it reports none)."""
     n = engine.get_global_grad_norm()
     return float("nan") if n is None else float(n)

@@ -25,7 +25,7 @@ from ragen.algos.losses import agg_loss, kl_penalty, policy_terms, value_terms
 from ragen.algos.masked import masked_mean
 from ragen.config import Config
 from ragen.train.batch import MicroBatch, Sequences, bucket_micro_batches, collate, fixed_micro_batches, pad_ragged
-from ragen.train.ds import grad_norm
+from ragen.train.ds import grad_norm_after_step, grad_norm_before_step
 from ragen.train.models import token_logprobs, unwrap
 
 
@@ -78,7 +78,7 @@ def token_rewards(cfg: Config, seqs: Sequences) -> tuple[torch.Tensor, torch.Ten
     per-turn rewards are used as they are (no penalty, no normalisation, as the original)."""
     L = int(seqs.lengths.max())
     stored = pad_ragged(seqs.rewards, L)
-    scores = torch.as_tensor(seqs.scores, dtype=torch.float32)
+    scores = torch.tensor(seqs.scores, dtype=torch.float32)
     if cfg.agent.use_turn_scores:
         return stored, scores
     a = cfg.algorithm
@@ -232,15 +232,15 @@ def _boundary_steps(engine: Any, seqs: Sequences, local: list[int], cfg_opt: Any
         dist.all_reduce(t)
         sums = defaultdict(float, zip(keys, t[:-1].tolist(), strict=True))
         finite = bool(t[-1] == 0)
-    norm = grad_norm(engine) if finite else float("nan")
-    skip = not finite or not math.isfinite(norm)
+    norm = grad_norm_before_step(engine) if finite else float("nan")
+    skip = not finite or (norm is not None and not math.isfinite(norm))
     if skip:
         engine.optimizer.zero_grad()
         engine.module.zero_grad(set_to_none=True)
     else:
         engine.step()
-        if not math.isfinite(norm):
-            norm = grad_norm(engine)
+        if norm is None:
+            norm = grad_norm_after_step(engine)
     sums["grad_norm"] = norm
     sums["skipped"] = float(skip)
     return sums
@@ -266,12 +266,12 @@ def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_l
         pg = agg_loss(terms.loss_mat, msk, ac.loss_agg_mode, denom, norm_len)
         entropy = agg_loss(ent, msk, ac.loss_agg_mode, denom, norm_len)  # type: ignore[arg-type]
         loss = pg - ac.entropy_coeff * entropy
-        parts = {"actor/pg_loss": float(pg), "actor/entropy_loss": float(entropy)}
+        parts = {"actor/pg_loss": float(pg.detach()), "actor/entropy_loss": float(entropy.detach())}
         if ac.use_kl_loss and ref_logp is not None:
             kl = agg_loss(kl_penalty(lp, _rows(ref_logp, mb), ac.kl_loss_type), msk, ac.loss_agg_mode, denom,
                           norm_len)
             loss = loss + ac.kl_loss_coef * kl
-            parts["actor/kl_loss"] = float(kl)
+            parts["actor/kl_loss"] = float(kl.detach())
         tok = float(msk.sum())
         parts["actor/pg_clipfrac"] = float((terms.clipped & msk).sum()) / n_tokens
         parts["actor/pg_clipfrac_lower"] = float((terms.dual_clipped & msk).sum()) / n_tokens
@@ -294,7 +294,8 @@ def _critic_step(cfg: Config, critic: Any, seqs: Sequences, mini: list[int], old
         v = m(mb.input_ids, mb.attention_mask)
         loss_mat, clipped = value_terms(v, _rows(old_values, mb), _rows(returns, mb), cc.cliprange_value)
         loss = agg_loss(loss_mat, mb.loss_mask, "token-mean", n_tokens)
-        parts = {"critic/vf_loss": float(loss), "critic/vf_clipfrac": float((clipped & mb.loss_mask).sum()) / n_tokens,
+        parts = {"critic/vf_loss": float(loss.detach()),
+                 "critic/vf_clipfrac": float((clipped & mb.loss_mask).sum()) / n_tokens,
                  "critic/vpred_mean": float((v.detach() * mb.loss_mask).sum()) / n_tokens}
         return loss, parts
 

@@ -1,0 +1,65 @@
+"""Run one StarPO update on a fixed scripted batch under torchrun; rank 0 saves the updated weights.
+
+Usage: torchrun --nproc_per_node N tests/dist_worker.py OUT.pt ZERO_CONFIG"""
+
+import itertools
+import os
+import sys
+
+import torch
+
+ROOM = "#######\n#P__XO#\n#_____#\n#######"
+SMALL = ["algorithm.filter_ratio=1.0", "actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
+         "model.base=tiny-random-llama", "model.dtype=fp32", "envs.train.n_groups=[2]", "envs.train.group_size=4",
+         "agent.max_turn=2", "actor.lr=1e-3", "critic.lr=1e-3", "actor.gradient_checkpointing=false",
+         "critic.gradient_checkpointing=false", "actor.micro_batch_size=1", "critic.micro_batch_size=1"]
+
+
+def scripted_batch(cfg, tokenizer, renderer):
+    """8 SimpleSokoban trajectories on a fixed room with a mix of solving, wrong and garbage answers."""
+    from ragen.envs.sokoban.env import SokobanEnv
+    from ragen.rollout.runner import collect
+    from ragen.rollout.scripted import ScriptedEngine
+    from ragen.train.batch import sequences_from_rollouts
+
+    original = SokobanEnv.reset
+    SokobanEnv.reset = lambda self, *, seed=None, options=None: original(
+        self, seed=seed, options={**(options or {}), "room": ROOM})
+    flip = itertools.count()
+    replies = ["<think>go</think><answer>Right || Right || Right</answer>", "<think>hm</think><answer>Up</answer>",
+               "nonsense " * 7]
+    try:
+        engine = ScriptedEngine(tokenizer, lambda call, prompt: replies[next(flip) % 3])
+        df = collect(cfg, engine, renderer, progress=False).rollouts
+    finally:
+        SokobanEnv.reset = original
+    return sequences_from_rollouts(df)
+
+
+def main(out: str, zero: str) -> None:
+    from ragen.agent.chat import ChatRenderer
+    from ragen.config import load_config
+    from ragen.models import TINY_MODEL, ensure_model, load_tokenizer
+    from ragen.train.ds import ensure_distributed, make_engine
+    from ragen.train.models import load_actor, load_critic
+    from ragen.train.update import update
+
+    rank, world = ensure_distributed()
+    cfg = load_config(None, ["cpu-small"], SMALL)
+    tok = load_tokenizer(TINY_MODEL)
+    seqs = scripted_batch(cfg, tok, ChatRenderer(tok))
+    path = ensure_model(TINY_MODEL)
+    torch.manual_seed(0)
+    actor, critic = load_actor(path), load_critic(path)
+    engines = [make_engine(m, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+                           ds_config=zero, dtype="fp32") for m, o in ((actor, cfg.actor), (critic, cfg.critic))]
+    res = update(cfg, seqs, engines[0], critic=engines[1], pad_id=tok.pad_token_id, rank=rank, world=world)
+    if rank == 0:
+        torch.save({"actor": {k: v.detach().clone() for k, v in actor.state_dict().items()},
+                    "critic": {k: v.detach().clone() for k, v in critic.state_dict().items()},
+                    "lists": res.lists, "world": world}, out)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main(sys.argv[1], sys.argv[2])
