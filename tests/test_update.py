@@ -36,22 +36,9 @@ def test_bucketing_respects_budget_and_covers_everything():
 
 @pytest.fixture(scope="module")
 def batch(tokenizer, renderer):
-    from ragen.envs.sokoban.env import SokobanEnv
-
-    original = SokobanEnv.reset
-    SokobanEnv.reset = lambda self, *, seed=None, options=None: original(
-        self, seed=seed, options={**(options or {}), "room": ROOM})
-    flip = itertools.count()
-    replies = ["<think>go</think><answer>Right || Right || Right</answer>", "<think>hm</think><answer>Up</answer>",
-               "nonsense " * 7]
-    try:
-        cfg = load_config(None, ["cpu-small"], SMALL)
-        engine = ScriptedEngine(tokenizer, lambda call, prompt: replies[next(flip) % 3])
-        df = collect(cfg, engine, renderer, progress=False).rollouts
-    finally:
-        SokobanEnv.reset = original
+    df = batch_frame(tokenizer, renderer)
     assert df["score"].std() > 0  # some variance for the advantages
-    return cfg, sequences_from_rollouts(df)
+    return load_config(None, ["cpu-small"], SMALL), sequences_from_rollouts(df)
 
 
 def engines(cfg, kind, zero="infra/deepspeed/zero0.json"):
@@ -159,3 +146,44 @@ def test_two_ranks_give_the_one_rank_update(tmp_path, zero):
         for k, v in one[part].items():
             assert torch.allclose(v, two[part][k], atol=1e-5), (part, k, float((v - two[part][k]).abs().max()))
     assert one["lists"]["actor/pg_loss"] == pytest.approx(two["lists"]["actor/pg_loss"], rel=1e-4, abs=1e-7)
+
+
+def test_trainer_checkpoint_resume_equals_uninterrupted(batch, tokenizer, renderer, tmp_path):
+    from ragen.train.trainer import Trainer
+
+    cfg, _ = batch
+    df = batch_frame(tokenizer, renderer)
+    torch.manual_seed(0)
+    straight = Trainer(cfg, renderer=renderer)
+    straight.step(df, 0)
+    straight.step(df, 1)
+    torch.manual_seed(0)
+    first = Trainer(cfg, renderer=renderer)
+    first.step(df, 0)
+    ckpt = first.save(tmp_path / "ckpt")
+    assert (ckpt / "checkpoint-complete").is_file() and (ckpt / "actor" / "model.safetensors").is_file()
+    assert not (tmp_path / "ckpt.partial").exists()
+    resumed = Trainer(cfg, resume=ckpt, renderer=renderer)
+    resumed.step(df, 1)
+    assert torch.allclose(flat(straight.actor), flat(resumed.actor), atol=1e-6)
+    assert torch.allclose(flat(straight.critic), flat(resumed.critic), atol=1e-6)
+    (ckpt / "checkpoint-complete").unlink()
+    with pytest.raises(FileNotFoundError, match="incomplete"):
+        Trainer(cfg, resume=ckpt)
+
+
+def batch_frame(tokenizer, renderer):
+    from ragen.envs.sokoban.env import SokobanEnv
+
+    original = SokobanEnv.reset
+    SokobanEnv.reset = lambda self, *, seed=None, options=None: original(
+        self, seed=seed, options={**(options or {}), "room": ROOM})
+    flip = itertools.count()
+    replies = ["<think>go</think><answer>Right || Right || Right</answer>", "<think>hm</think><answer>Up</answer>",
+               "nonsense " * 7]
+    try:
+        cfg = load_config(None, ["cpu-small"], SMALL)
+        engine = ScriptedEngine(tokenizer, lambda call, prompt: replies[next(flip) % 3])
+        return collect(cfg, engine, renderer, progress=False).rollouts
+    finally:
+        SokobanEnv.reset = original

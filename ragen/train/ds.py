@@ -43,7 +43,7 @@ def ensure_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def load_ds_config(path: str | Path, *, grad_clip: float, dtype: str) -> dict[str, Any]:
+def load_ds_config(path: str | Path, *, grad_clip: float, dtype: str | None = None) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"DeepSpeed config {p} does not exist (actor/critic.deepspeed_config); the project "
@@ -63,8 +63,9 @@ def load_ds_config(path: str | Path, *, grad_clip: float, dtype: str) -> dict[st
 
 
 def make_engine(model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float, grad_clip: float,
-                ds_config: str | Path, dtype: str = "fp32") -> Any:
-    """A DeepSpeed engine with AdamW (constant lr). ``dtype`` fp32 forces full precision whatever the file says."""
+                ds_config: str | Path, dtype: str | None = None) -> Any:
+    """A DeepSpeed engine with AdamW (constant lr). Precision comes from the config file; ``dtype="fp32"``
+    forces full precision whatever the file says."""
     import deepspeed
 
     ensure_distributed()

@@ -1,0 +1,139 @@
+"""The trainer a run holds for its whole life: actor, critic and reference engines; filtering a rollout batch,
+updating on it, exporting weights to the rollout engine (with the sync gate), and checkpoints to resume from."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from ragen.algos.filtering import filter_groups
+from ragen.config import Config
+from ragen.models import ensure_model, load_tokenizer
+from ragen.rollout.engine import Engine
+from ragen.rollout.sync import DEFAULT_PROBE, GateReport, probe_batch, sync_weights
+from ragen.train.batch import sequences_from_rollouts
+from ragen.train.ds import ensure_distributed, make_engine
+from ragen.train.models import load_actor, load_critic, load_reference
+from ragen.train.update import UpdateResult, update
+
+VALUE_HEAD = "value_head.safetensors"
+COMPLETE = "checkpoint-complete"
+
+
+def filter_rollouts(cfg: Config, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Keep whole seed groups by in-group spread of the raw score (REFERENCE 3.8; raw, not normalised)."""
+    a = cfg.algorithm
+    res = filter_groups(torch.tensor(df["score"].to_numpy(), dtype=torch.float64),
+                        torch.tensor(df["group"].to_numpy()), a.filter_ratio, a.filter_type)
+    return df[res.keep.numpy()].reset_index(drop=True), res.metrics
+
+
+def needs_reference(cfg: Config) -> bool:
+    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+class Trainer:
+    def __init__(self, cfg: Config, *, resume: str | Path | None = None, model_path: str | None = None,
+                 renderer: Any = None) -> None:
+        self.cfg = cfg
+        base = model_path or ensure_model(cfg.model.base)
+        self.base = base
+        self.rank, self.world = ensure_distributed()
+        self.tokenizer = load_tokenizer(cfg.model.base, cfg.model.tokenizer, cfg.model.trust_remote_code)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else \
+            self.tokenizer.eos_token_id
+        src = Path(resume) if resume is not None else None
+        if src is not None and not (src / COMPLETE).is_file():
+            raise FileNotFoundError(f"checkpoint {src} is incomplete or missing (no {COMPLETE} marker); resume from "
+                                    f"an earlier checkpoint")
+        trc = cfg.model.trust_remote_code
+        actor = load_actor(str(src / "actor") if src else base, trust_remote_code=trc,
+                           gradient_checkpointing=cfg.actor.gradient_checkpointing)
+        o = cfg.actor
+        self.actor = make_engine(actor, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+                                 ds_config=o.deepspeed_config)
+        self.critic = None
+        if cfg.algorithm.adv_estimator == "gae":
+            critic = load_critic(str(src / "critic") if src else base, trust_remote_code=trc,
+                                 gradient_checkpointing=cfg.critic.gradient_checkpointing,
+                                 value_head=(src / "critic" / VALUE_HEAD) if src else None)
+            c = cfg.critic
+            self.critic = make_engine(critic, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
+                                      grad_clip=c.grad_clip, ds_config=c.deepspeed_config)
+        self.ref = load_reference(base, dtype=cfg.model.dtype, trust_remote_code=trc) if needs_reference(cfg) else None
+        if src is not None:
+            self._load_optimizer_state(src)
+        self.probe = probe_batch(renderer, DEFAULT_PROBE) if renderer is not None else None
+
+    # -- training -------------------------------------------------------------------------------------------
+    def step(self, rollouts: pd.DataFrame, iteration: int = 0) -> UpdateResult:
+        """Filter a rollout batch and update on the kept trajectories."""
+        kept, filter_metrics = filter_rollouts(self.cfg, rollouts)
+        res = update(self.cfg, sequences_from_rollouts(kept), self.actor, critic=self.critic, ref=self.ref,
+                     pad_id=self.pad_id, rank=self.rank, world=self.world, iteration=iteration)
+        res.metrics.update(filter_metrics)
+        return res
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        return list(self.actor.module.state_dict().items())
+
+    def sync(self, engine: Engine) -> GateReport:
+        """Send the actor's weights to the rollout engine in place and gate on the probe batch."""
+        if self.probe is None:
+            raise RuntimeError("the trainer was built without a renderer, so it has no probe batch for the gate")
+        r = self.cfg.rollout
+        return sync_weights(engine, self.named_weights(), self.actor.module, self.probe, pad_token_id=self.pad_id,
+                            mean_tol=r.sync_mean_tol, max_tol=r.sync_max_tol)
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """actor/ (safetensors + tokenizer: loadable as model.base by vLLM and transformers), critic/ (backbone
+        + value head), deepspeed/ (optimizer and engine state). Written beside the target and renamed into
+        place, with a completion marker last, so a crash never leaves a checkpoint that looks complete."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        tmp = path.with_name(path.name + ".partial")
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.actor.module.save_pretrained(tmp / "actor", safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp / "actor")
+            if self.critic is not None:
+                self.critic.module.backbone.save_pretrained(tmp / "critic", safe_serialization=True)
+                save_file({k: v.contiguous() for k, v in self.critic.module.value_head.state_dict().items()},
+                          str(tmp / "critic" / VALUE_HEAD))
+        self._barrier()
+        self.actor.save_checkpoint(str(tmp / "deepspeed" / "actor"), tag="state")
+        if self.critic is not None:
+            self.critic.save_checkpoint(str(tmp / "deepspeed" / "critic"), tag="state")
+        self._barrier()
+        if self.rank == 0:
+            (tmp / COMPLETE).write_text(f"{time.time()}\n")
+            if path.exists():
+                shutil.rmtree(path)
+            tmp.rename(path)
+        self._barrier()
+        return path
+
+    def _load_optimizer_state(self, src: Path) -> None:
+        for name, engine in (("actor", self.actor), ("critic", self.critic)):
+            if engine is None:
+                continue
+            d = src / "deepspeed" / name
+            if not d.is_dir():
+                raise FileNotFoundError(f"checkpoint {src} has no {name} optimizer state ({d})")
+            loaded, _ = engine.load_checkpoint(str(d), tag="state", load_module_strict=True,
+                                               load_optimizer_states=True, load_lr_scheduler_states=False)
+            if loaded is None:
+                raise RuntimeError(f"DeepSpeed could not load {d}; the checkpoint may be damaged")
+
+    def _barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
