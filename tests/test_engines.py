@@ -185,3 +185,28 @@ def test_hf_engine_full_rollout(trainer_model, tokenizer, renderer):
     c = collect(cfg, rec, renderer, progress=False)
     assert len(c.rollouts) == 2 and (c.rollouts["num_turns"] == 2).all()
     check_token_in_token_out(rec, c)
+
+
+def test_trainer_update_then_sync_into_vllm(vllm_engine, renderer, tokenizer, tiny_path):
+    """The core loop on the tiny model: vLLM rollout -> DeepSpeed update -> in-place sync -> gate -> vLLM serves
+    the trained weights (greedy outputs equal HF on the trained actor)."""
+    from ragen.train.trainer import Trainer
+
+    cfg = tiny_config("envs.train.tags=[SimpleSokoban]", "envs.train.n_groups=[2]", "envs.train.group_size=2",
+                      "agent.max_turn=1", "actor.lr=1e-2", "critic.lr=1e-3", "actor.gradient_checkpointing=false",
+                      "critic.gradient_checkpointing=false", "rollout.sync_mean_tol=0.01", "rollout.sync_max_tol=0.05")
+    original = {k: v.clone() for k, v in HFEngine(tiny_path, dtype="fp32", pad_token_id=0).model.state_dict().items()}
+    trainer = Trainer(cfg, renderer=renderer)
+    c = collect(cfg, vllm_engine, renderer, progress=False)
+    res = trainer.step(c.rollouts)
+    assert res.actor_steps == 2
+    prompts = [p[:24] for p in trainer.probe]
+    greedy = Sampling(temperature=0.0, max_new_tokens=8)
+    try:
+        report = trainer.sync(vllm_engine)
+        assert report.passed
+        hf = HFEngine("", model=trainer.actor.module.eval(), pad_token_id=tokenizer.pad_token_id)
+        assert [g.token_ids for g in vllm_engine.generate(prompts, greedy, seed=0)] == \
+            [g.token_ids for g in hf.generate(prompts, greedy, seed=0)]
+    finally:
+        vllm_engine.load_weights(original.items())

@@ -40,6 +40,10 @@ def ensure_distributed() -> tuple[int, int]:
 
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
                                    auto_mpi_discovery=False)
+    else:  # e.g. created by in-process vLLM: DeepSpeed still reads the launcher variables
+        os.environ.setdefault("RANK", str(dist.get_rank()))
+        os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
+        os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
     return dist.get_rank(), dist.get_world_size()
 
 
