@@ -89,3 +89,88 @@ def bench_rollout(engines: tuple[str, ...] = ("vllm", "hf"), *, model: str = "sm
     if "vllm" in engines and "hf" in engines:
         out["vllm_over_hf"] = float(out["vllm_tokens_per_s"]) / float(out["hf_tokens_per_s"])
     return out
+
+
+def _length_mix_rollouts(cfg, tokenizer, renderer, seed: int):
+    """A fixed batch with a realistic length mix: single-turn Bandit and up-to-5-turn SimpleSokoban episodes,
+    replies of 8..cap tokens (Bandit answers are valid arms, so those episodes end after one turn)."""
+    import numpy as np
+
+    from ragen.rollout.runner import collect
+    from ragen.rollout.scripted import ScriptedEngine
+
+    rng = np.random.default_rng(seed)
+    words = ["left", "box", "wall", "push", "the", "target", "so", "then", "up", "I", "should", "move"]
+    cap = cfg.rollout.response_length
+
+    def reply(call: int, prompt) -> str:
+        n = int(rng.integers(8, cap))
+        think = " ".join(rng.choice(words, size=n // 2))
+        text = tokenizer.decode(list(prompt[-400:]))
+        if "arm" in text.lower() and "Sokoban" not in text:
+            move = ["phoenix", "dragon"][int(rng.integers(0, 2))]
+        else:
+            move = ["Up", "Down", "Left", "Right", "Jump"][int(rng.integers(0, 5))]
+        return f"<think>{think}</think><answer>{move}</answer>"
+
+    return collect(cfg, ScriptedEngine(tokenizer, reply), renderer, progress=False).rollouts
+
+
+def bench_train(*, model: str = "smollm2-135m-instruct", groups: int = 2, group_size: int = 4,
+                token_budget: int = 4096, micro_batch_size: int = 2, seed: int = 0) -> dict[str, float | str]:
+    """One StarPO update (GRPO, so the actor alone; same batch, same math) three ways: DeepSpeed ZeRO-0 with
+    length-bucketed micro-batches, a plain torch AdamW loop with the same micro-batches, and DeepSpeed with
+    fixed micro-batches all padded to the batch's longest (the original's layout). Tokens/s counts real tokens
+    (old-logprob pass + training pass) over the update's wall time."""
+    import torch
+
+    from ragen.agent.chat import ChatRenderer
+    from ragen.config import load_config
+    from ragen.models import ensure_model, load_tokenizer
+    from ragen.train.batch import sequences_from_rollouts
+    from ragen.train.ds import make_engine
+    from ragen.train.models import load_actor
+    from ragen.train.plain import PlainEngine
+    from ragen.train.update import update
+
+    cfg = load_config(None, ["cpu-small", "grpo"], [
+        f"model.base={model}", "envs.train.tags=[Bandit,SimpleSokoban]", f"envs.train.n_groups=[{groups},{groups}]",
+        f"envs.train.group_size={group_size}",
+        "algorithm.filter_ratio=1.0", f"actor.ppo_mini_batch_size={2 * groups * group_size}",
+        f"actor.micro_batch_size={micro_batch_size}", f"critic.ppo_mini_batch_size={groups * group_size}",
+        "actor.gradient_checkpointing=false", f"trainer.seed={seed}"])
+    tok = load_tokenizer(cfg.model.base, cfg.model.tokenizer)
+    renderer = ChatRenderer(tok, cfg.model.end_of_turn_token)
+    seqs = sequences_from_rollouts(_length_mix_rollouts(cfg, tok, renderer, seed))
+    lengths = seqs.lengths
+    path = ensure_model(model)
+    o = cfg.actor
+    out: dict[str, float | str] = {"model": model, "trajectories": len(seqs), "tokens": int(lengths.sum()),
+                                   "min_len": int(lengths.min()), "max_len": int(lengths.max()),
+                                   "token_budget": token_budget, "micro_batch_size": micro_batch_size}
+
+    def run(name: str, engine_kind: str, bucketed: bool) -> None:
+        torch.manual_seed(seed)
+        actor = load_actor(path)
+        if engine_kind == "deepspeed":
+            engine = make_engine(actor, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+                                 ds_config="infra/deepspeed/zero0.json", dtype="fp32")
+        else:
+            engine = PlainEngine(actor, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip)
+        c = cfg.model_copy(update={"actor": o.model_copy(update={"micro_batch_tokens": token_budget if bucketed
+                                                                 else 0})})
+        t0 = time.perf_counter()
+        res = update(c, seqs, engine, pad_id=tok.pad_token_id, pad_to_longest=not bucketed)
+        wall = time.perf_counter() - t0
+        out[f"{name}_s"] = wall
+        out[f"{name}_tokens_per_s"] = 2 * float(lengths.sum()) / wall
+        out[f"{name}_pg_loss"] = res.metrics["actor/pg_loss"]
+
+    run("deepspeed_bucketed", "deepspeed", True)
+    run("plain_bucketed", "plain", True)
+    run("deepspeed_padded", "deepspeed", False)
+    out["deepspeed_over_plain"] = float(out["deepspeed_bucketed_tokens_per_s"]) / float(
+        out["plain_bucketed_tokens_per_s"])
+    out["bucketed_over_padded"] = float(out["deepspeed_bucketed_tokens_per_s"]) / float(
+        out["deepspeed_padded_tokens_per_s"])
+    return out

@@ -184,6 +184,22 @@ def bench_rollout_cmd(as_json: Annotated[bool, typer.Option("--json", help="prin
             typer.echo(f"{k:28s} {v:>12.3f}" if isinstance(v, float) else f"{k:28s} {v!s:>12}")
 
 
+@bench_app.command("train")
+def bench_train_cmd(as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+                    model: Annotated[str, typer.Option(help="model alias, path or hub id")] = "smollm2-135m-instruct",
+                    groups: int = 2, group_size: int = 4, token_budget: int = 4096, micro_batch_size: int = 2) -> None:
+    """One update: DeepSpeed vs plain torch AdamW, length-bucketed vs padded micro-batches."""
+    from ragen.bench import bench_train
+
+    result = bench_train(model=model, groups=groups, group_size=group_size, token_budget=token_budget,
+                         micro_batch_size=micro_batch_size)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        for k, v in result.items():
+            typer.echo(f"{k:32s} {v:>12.3f}" if isinstance(v, float) else f"{k:32s} {v!s:>12}")
+
+
 @models_app.command("prepare")
 def models_prepare(base: Annotated[str, typer.Option(help="model alias (smollm2-135m-instruct, tiny-random-llama), "
                                                        "local path or hub id")] = "smollm2-135m-instruct") -> None:

@@ -39,14 +39,15 @@ class UpdateResult:
 
 
 def micro_batches(seqs: Sequences, index: list[int], *, micro_batch_size: int, token_budget: int,
-                  pad_id: int) -> list[MicroBatch]:
-    """Length-bucketed micro-batches under ``token_budget`` padded tokens when it is set, else fixed chunks."""
+                  pad_id: int, pad_to: int | None = None) -> list[MicroBatch]:
+    """Length-bucketed micro-batches under ``token_budget`` padded tokens when it is set, else fixed chunks in
+    order. ``pad_to`` pads every micro-batch to one width (the original's layout, for comparison)."""
     lengths = [len(seqs.input_ids[i]) for i in index]
     if token_budget > 0:
         groups = bucket_micro_batches(lengths, token_budget)
     else:
         groups = fixed_micro_batches(len(index), micro_batch_size)
-    return [collate(seqs, [index[j] for j in g], pad_id) for g in groups]
+    return [collate(seqs, [index[j] for j in g], pad_id, pad_to) for g in groups]
 
 
 def _rows(full: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
@@ -100,17 +101,19 @@ def _chunks(n: int, size: int) -> list[list[int]]:
 
 
 def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref: Any = None, pad_id: int,
-           rank: int = 0, world: int = 1, iteration: int = 0,
+           rank: int = 0, world: int = 1, iteration: int = 0, pad_to_longest: bool = False,
            progress: Callable[[str, int, int], None] | None = None) -> UpdateResult:
     """One update. ``actor``/``critic`` are DeepSpeed engines (or anything with backward/step/module);
-    ``ref`` a frozen model (needed when a KL term is on or tracked)."""
+    ``ref`` a frozen model (needed when a KL term is on or tracked). ``pad_to_longest`` pads every micro-batch to
+    the batch's longest trajectory, as the original does (only for measuring what bucketing saves)."""
     t0 = time.perf_counter()
     a, ac, cc = cfg.algorithm, cfg.actor, cfg.critic
     temp = cfg.rollout.temperature
     B, L = len(seqs), int(seqs.lengths.max())
     all_idx = list(range(B))
+    pad_to = L if pad_to_longest else None
     score_mbs = micro_batches(seqs, all_idx, micro_batch_size=ac.micro_batch_size,
-                              token_budget=ac.micro_batch_tokens, pad_id=pad_id)
+                              token_budget=ac.micro_batch_tokens, pad_id=pad_id, pad_to=pad_to)
     mask = pad_ragged(seqs.loss_mask, L, dtype=torch.bool)
     valid = pad_ragged([np.ones(n) for n in seqs.lengths], L, dtype=torch.bool)
     ends = pad_ragged(seqs.turn_ends, L, dtype=torch.bool)
@@ -167,14 +170,15 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
     if use_critic:
         for _ in range(cc.ppo_epochs):
             for mini in minibatches(cc.ppo_mini_batch_size):
-                step_metrics = _critic_step(cfg, critic, seqs, mini, values, returns, mask, pad_id, rank, world)
+                step_metrics = _critic_step(cfg, critic, seqs, mini, values, returns, mask, pad_id, rank, world,
+                                            pad_to)
                 _record(result, lists, step_metrics, "critic")
     # -- actor ---------------------------------------------------------------------------------------------
     if iteration >= cfg.trainer.critic_warmup:
         for _ in range(ac.ppo_epochs):
             for mini in minibatches(ac.ppo_mini_batch_size):
                 step_metrics = _actor_step(cfg, actor, seqs, mini, old_logp, ref_logp, adv, mask, pad_id, rank,
-                                           world)
+                                           world, pad_to)
                 _record(result, lists, step_metrics, "actor")
                 if progress is not None:
                     progress("actor", len(lists["actor/pg_loss"]), 0)
@@ -208,11 +212,11 @@ def _shard(mini: list[int], rank: int, world: int) -> list[int]:
 
 def _boundary_steps(engine: Any, seqs: Sequences, local: list[int], cfg_opt: Any, pad_id: int,
                     loss_fn: Callable[[MicroBatch], tuple[torch.Tensor, dict[str, float]]],
-                    world: int) -> dict[str, float]:
+                    world: int, pad_to: int | None = None) -> dict[str, float]:
     """Forward/backward every local micro-batch, the last one on the accumulation boundary, then one step;
     skip the step when a loss or the gradient norm is not finite."""
     mbs = micro_batches(seqs, local, micro_batch_size=cfg_opt.micro_batch_size,
-                        token_budget=cfg_opt.micro_batch_tokens, pad_id=pad_id) if local else []
+                        token_budget=cfg_opt.micro_batch_tokens, pad_id=pad_id, pad_to=pad_to) if local else []
     sums: dict[str, float] = defaultdict(float)
     finite = True
     if not mbs:
@@ -248,7 +252,7 @@ def _boundary_steps(engine: Any, seqs: Sequences, local: list[int], cfg_opt: Any
 
 def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_logp: torch.Tensor,
                 ref_logp: torch.Tensor | None, adv: torch.Tensor, mask: torch.Tensor, pad_id: int, rank: int,
-                world: int) -> dict[str, float]:
+                world: int, pad_to: int | None = None) -> dict[str, float]:
     ac = cfg.actor
     mini_mask = mask[mini]
     n_tokens = float(mini_mask.sum().clamp(min=1))
@@ -279,12 +283,13 @@ def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_l
         parts["actor/tokens"] = tok
         return loss, parts
 
-    out = _boundary_steps(actor, seqs, _shard(mini, rank, world), ac, pad_id, loss_fn, world)
+    out = _boundary_steps(actor, seqs, _shard(mini, rank, world), ac, pad_id, loss_fn, world, pad_to)
     return {("actor/" + k if "/" not in k else k): v for k, v in out.items()}
 
 
 def _critic_step(cfg: Config, critic: Any, seqs: Sequences, mini: list[int], old_values: torch.Tensor,
-                 returns: torch.Tensor, mask: torch.Tensor, pad_id: int, rank: int, world: int) -> dict[str, float]:
+                 returns: torch.Tensor, mask: torch.Tensor, pad_id: int, rank: int, world: int,
+                 pad_to: int | None = None) -> dict[str, float]:
     cc = cfg.critic
     n_tokens = float(mask[mini].sum().clamp(min=1))
     m = unwrap(critic)
@@ -299,5 +304,5 @@ def _critic_step(cfg: Config, critic: Any, seqs: Sequences, mini: list[int], old
                  "critic/vpred_mean": float((v.detach() * mb.loss_mask).sum()) / n_tokens}
         return loss, parts
 
-    out = _boundary_steps(critic, seqs, _shard(mini, rank, world), cc, pad_id, loss_fn, world)
+    out = _boundary_steps(critic, seqs, _shard(mini, rank, world), cc, pad_id, loss_fn, world, pad_to)
     return {("critic/" + k if "/" not in k else k): v for k, v in out.items()}
