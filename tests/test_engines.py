@@ -200,6 +200,8 @@ def test_trainer_update_then_sync_into_vllm(vllm_engine, renderer, tokenizer, ti
     c = collect(cfg, vllm_engine, renderer, progress=False)
     res = trainer.step(c.rollouts)
     assert res.actor_steps == 2
+    # the trainer's recomputed logprobs are the engine's sampling logprobs (both fp32, same weights)
+    assert res.metrics["rollout/logprob_mismatch_mean"] < 1e-3
     prompts = [p[:24] for p in trainer.probe]
     greedy = Sampling(temperature=0.0, max_new_tokens=8)
     try:

@@ -24,6 +24,7 @@ class Sequences:
     scores: np.ndarray  # (B,) raw trajectory score (turn rewards + format penalty)
     groups: np.ndarray  # (B,) seed group id
     tags: list[str]
+    sampled_logprobs: list[np.ndarray] | None = None  # the engine's, NaN where not sampled
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -34,9 +35,10 @@ class Sequences:
 
     def subset(self, idx: Sequence[int]) -> Sequences:
         idx = list(idx)
+        lps = None if self.sampled_logprobs is None else [self.sampled_logprobs[i] for i in idx]
         return Sequences([self.input_ids[i] for i in idx], [self.loss_mask[i] for i in idx],
                          [self.rewards[i] for i in idx], [self.turn_ends[i] for i in idx], self.scores[idx],
-                         self.groups[idx], [self.tags[i] for i in idx])
+                         self.groups[idx], [self.tags[i] for i in idx], lps)
 
 
 def sequences_from_rollouts(df: pd.DataFrame) -> Sequences:
@@ -54,8 +56,9 @@ def sequences_from_rollouts(df: pd.DataFrame) -> Sequences:
         e = np.zeros(n, dtype=bool)
         e[np.asarray(row["turn_end_positions"], dtype=np.int64)] = True
         ends.append(e)
+    lps = [np.asarray(x, dtype=np.float32) for x in df["sampled_logprobs"]]
     return Sequences(ids, masks, rewards, ends, df["score"].to_numpy(dtype=np.float64),
-                     df["group"].to_numpy(dtype=np.int64), df["tag"].astype(str).tolist())
+                     df["group"].to_numpy(dtype=np.int64), df["tag"].astype(str).tolist(), lps)
 
 
 def bucket_micro_batches(lengths: Sequence[int], token_budget: int, max_size: int | None = None) -> list[list[int]]:

@@ -122,6 +122,13 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
 
     old_logp = score_batch(actor, seqs, score_mbs, temperature=temp, kind="logp")
     metrics["rollout/old_log_prob"] = float(masked_mean(old_logp, mask))
+    if seqs.sampled_logprobs is not None:  # engine vs trainer on the sampled tokens (bf16 vs fp32, staleness)
+        sampled = pad_ragged(seqs.sampled_logprobs, L, value=float("nan"))
+        have = mask & torch.isfinite(sampled)
+        if have.any():
+            gap = (sampled - old_logp).abs()
+            metrics["rollout/logprob_mismatch_mean"] = float(gap[have].mean())
+            metrics["rollout/logprob_mismatch_max"] = float(gap[have].max())
     ref_logp = None
     if ref is not None:
         ref_logp = score_batch(ref, seqs, score_mbs, temperature=temp, kind="logp")
