@@ -44,6 +44,7 @@ lint: setup
 bench: setup
 	$(BIN)/ragen bench envs --json
 	$(BIN)/ragen bench rollout --json
+	$(BIN)/ragen bench train --json
 
 clean-venv:
 	rm -rf $(VENV)

@@ -157,12 +157,16 @@ def bench_envs_cmd(as_json: Annotated[bool, typer.Option("--json", help="print o
     """Room generation and env step throughput."""
     from ragen.bench import bench_envs
 
-    result = bench_envs(seconds)
+    _print_result(bench_envs(seconds), as_json)
+
+
+def _print_result(result: dict, as_json: bool) -> None:
+    """A benchmark's result as one JSON object, or as an aligned key/value table."""
     if as_json:
         typer.echo(json.dumps(result))
-    else:
-        for k, v in result.items():
-            typer.echo(f"{k:28s} {v:12.1f}")
+        return
+    for k, v in result.items():
+        typer.echo(f"{k:32s} {v:>12.3f}" if isinstance(v, float) else f"{k:32s} {v!s:>12}")
 
 
 @bench_app.command("rollout")
@@ -177,11 +181,7 @@ def bench_rollout_cmd(as_json: Annotated[bool, typer.Option("--json", help="prin
 
     result = bench_rollout(tuple(engine or ("vllm", "hf")), model=model, groups=groups, group_size=group_size,
                            turns=turns, new_tokens=new_tokens, extra=tuple(overrides or ()))
-    if as_json:
-        typer.echo(json.dumps(result))
-    else:
-        for k, v in result.items():
-            typer.echo(f"{k:28s} {v:>12.3f}" if isinstance(v, float) else f"{k:28s} {v!s:>12}")
+    _print_result(result, as_json)
 
 
 @bench_app.command("train")
@@ -193,11 +193,7 @@ def bench_train_cmd(as_json: Annotated[bool, typer.Option("--json", help="print 
 
     result = bench_train(model=model, groups=groups, group_size=group_size, token_budget=token_budget,
                          micro_batch_size=micro_batch_size)
-    if as_json:
-        typer.echo(json.dumps(result))
-    else:
-        for k, v in result.items():
-            typer.echo(f"{k:32s} {v:>12.3f}" if isinstance(v, float) else f"{k:32s} {v!s:>12}")
+    _print_result(result, as_json)
 
 
 @models_app.command("prepare")

@@ -15,12 +15,11 @@ SMALL = ["algorithm.filter_ratio=1.0", "actor.ppo_mini_batch_size=4", "critic.pp
          "critic.gradient_checkpointing=false", "actor.micro_batch_size=1", "critic.micro_batch_size=1"]
 
 
-def scripted_batch(cfg, tokenizer, renderer):
-    """8 SimpleSokoban trajectories on a fixed room with a mix of solving, wrong and garbage answers."""
+def scripted_rollouts(cfg, tokenizer, renderer):
+    """SimpleSokoban trajectories on a fixed room with a mix of solving, wrong and garbage answers."""
     from ragen.envs.sokoban.env import SokobanEnv
     from ragen.rollout.runner import collect
     from ragen.rollout.scripted import ScriptedEngine
-    from ragen.train.batch import sequences_from_rollouts
 
     original = SokobanEnv.reset
     SokobanEnv.reset = lambda self, *, seed=None, options=None: original(
@@ -30,16 +29,16 @@ def scripted_batch(cfg, tokenizer, renderer):
                "nonsense " * 7]
     try:
         engine = ScriptedEngine(tokenizer, lambda call, prompt: replies[next(flip) % 3])
-        df = collect(cfg, engine, renderer, progress=False).rollouts
+        return collect(cfg, engine, renderer, progress=False).rollouts
     finally:
         SokobanEnv.reset = original
-    return sequences_from_rollouts(df)
 
 
 def main(out: str, zero: str) -> None:
     from ragen.agent.chat import ChatRenderer
     from ragen.config import load_config
     from ragen.models import TINY_MODEL, ensure_model, load_tokenizer
+    from ragen.train.batch import sequences_from_rollouts
     from ragen.train.ds import ensure_distributed, make_engine
     from ragen.train.models import load_actor, load_critic
     from ragen.train.update import update
@@ -47,7 +46,7 @@ def main(out: str, zero: str) -> None:
     rank, world = ensure_distributed()
     cfg = load_config(None, ["cpu-small"], SMALL)
     tok = load_tokenizer(TINY_MODEL)
-    seqs = scripted_batch(cfg, tok, ChatRenderer(tok))
+    seqs = sequences_from_rollouts(scripted_rollouts(cfg, tok, ChatRenderer(tok)))
     path = ensure_model(TINY_MODEL)
     torch.manual_seed(0)
     actor, critic = load_actor(path), load_critic(path)

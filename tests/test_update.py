@@ -1,21 +1,17 @@
 """The StarPO update on the tiny model: batching, DeepSpeed vs plain torch, micro-batch invariance, metrics."""
 
-import itertools
-
 import numpy as np
 import pytest
 import torch
+from dist_worker import scripted_rollouts
 
 from ragen.config import load_config
 from ragen.models import TINY_MODEL, ensure_model
-from ragen.rollout.runner import collect
-from ragen.rollout.scripted import ScriptedEngine
 from ragen.train.batch import bucket_micro_batches, fixed_micro_batches, sequences_from_rollouts
 from ragen.train.models import load_actor, load_critic
 from ragen.train.plain import PlainEngine
 from ragen.train.update import update
 
-ROOM = "#######\n#P__XO#\n#_____#\n#######"
 SMALL = ["algorithm.filter_ratio=1.0", "actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
          f"model.base={TINY_MODEL}", "model.dtype=fp32", "envs.train.n_groups=[2]", "envs.train.group_size=4",
          "agent.max_turn=2", "actor.lr=1e-3", "critic.lr=1e-3", "actor.gradient_checkpointing=false",
@@ -173,20 +169,7 @@ def test_trainer_checkpoint_resume_equals_uninterrupted(batch, tokenizer, render
 
 
 def batch_frame(tokenizer, renderer):
-    from ragen.envs.sokoban.env import SokobanEnv
-
-    original = SokobanEnv.reset
-    SokobanEnv.reset = lambda self, *, seed=None, options=None: original(
-        self, seed=seed, options={**(options or {}), "room": ROOM})
-    flip = itertools.count()
-    replies = ["<think>go</think><answer>Right || Right || Right</answer>", "<think>hm</think><answer>Up</answer>",
-               "nonsense " * 7]
-    try:
-        cfg = load_config(None, ["cpu-small"], SMALL)
-        engine = ScriptedEngine(tokenizer, lambda call, prompt: replies[next(flip) % 3])
-        return collect(cfg, engine, renderer, progress=False).rollouts
-    finally:
-        SokobanEnv.reset = original
+    return scripted_rollouts(load_config(None, ["cpu-small"], SMALL), tokenizer, renderer)
 
 
 def two_proportion_z(k1, n1, k2, n2):
