@@ -207,3 +207,28 @@ def test_starpo_s_raises_the_validation_reward_on_bandit():
 
 
 ITERATIONS = 3
+
+
+def test_token_rewards_place_the_normalised_score_on_the_last_turn_end():
+    from ragen.train.batch import Sequences
+    from ragen.train.update import token_rewards
+
+    def seq(n, end):
+        e = np.zeros(n, dtype=bool)
+        e[end] = True
+        return e
+
+    seqs = Sequences(input_ids=[np.arange(5), np.arange(4), np.arange(5)],
+                     loss_mask=[np.array([0, 1, 1, 0, 1], bool), np.array([0, 1, 1, 1], bool),
+                                np.array([0, 0, 1, 1, 1], bool)],
+                     rewards=[np.array([0, 0, 0, 0, 1.0]), np.zeros(4), np.array([0, 0, 0, 0, 3.0])],
+                     turn_ends=[seq(5, 4), seq(4, 3), seq(5, 4)], scores=np.array([1.0, 0.0, 3.0]),
+                     groups=np.array([0, 0, 0]), tags=["a", "a", "a"])
+    cfg = load_config(None, [], ["algorithm.reward_norm_method=mean"])
+    rewards, scores = token_rewards(cfg, seqs)
+    assert scores.tolist() == pytest.approx([-1 / 3, -4 / 3, 5 / 3])
+    assert rewards[1, 3].item() == pytest.approx(-4 / 3)  # a zero raw score still gets its normalised value
+    assert rewards[0].tolist() == pytest.approx([0, 0, 0, 0, -1 / 3])
+    assert int((rewards != 0).sum()) == 3
+    identity, _ = token_rewards(load_config(None, [], []), seqs)
+    assert identity[2, 4].item() == 3.0 and identity[1].abs().sum() == 0

@@ -87,12 +87,9 @@ def token_rewards(cfg: Config, seqs: Sequences) -> tuple[torch.Tensor, torch.Ten
     from ragen.algos.advantages import group_index
 
     normed = normalize_scores(scores, group_index(key), a.reward_norm_method)
-    where = stored != 0
     rewards = torch.zeros_like(stored)
-    for b in range(len(seqs)):
-        pos = torch.nonzero(where[b]).flatten()
-        last = int(pos[-1]) if len(pos) else int(np.flatnonzero(seqs.loss_mask[b])[-1])
-        rewards[b, last] = normed[b]
+    for b in range(len(seqs)):  # the score sits on the last turn's end (also when it is 0 and stored nowhere)
+        rewards[b, int(np.flatnonzero(seqs.turn_ends[b])[-1])] = normed[b]
     return rewards, normed
 
 
