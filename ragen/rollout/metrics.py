@@ -31,7 +31,12 @@ def env_metrics(df: pd.DataFrame) -> dict[str, float]:
 
 
 def group_stats(df: pd.DataFrame, column: str = "score") -> tuple[float, float, float]:
-    """Per-group unbiased std, max and mean of the score, averaged over groups (std 0 for singleton groups)."""
-    g = df.groupby("group")[column]
-    std = g.std(ddof=1).fillna(0.0)
-    return float(std.mean()), float(g.max().mean()), float(g.mean().mean())
+    """Per-group unbiased std, max and mean of the score, averaged over groups (std 0 for singleton groups):
+    the same statistics the variance filter ranks by."""
+    import torch
+
+    from ragen.algos.filtering import group_stats as per_group
+
+    _, std, mx, mean = per_group(torch.tensor(df[column].to_numpy(dtype=np.float64)),
+                                 torch.tensor(df["group"].to_numpy()))
+    return float(std.mean()), float(mx.mean()), float(mean.mean())

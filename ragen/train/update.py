@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ragen.algos.advantages import bi_level_gae, gae, grpo, normalize_scores
+from ragen.algos.advantages import bi_level_gae, gae, group_index, grpo, normalize_scores
 from ragen.algos.losses import agg_loss, kl_penalty, policy_terms, value_terms
 from ragen.algos.masked import masked_mean
 from ragen.config import Config
@@ -84,8 +84,6 @@ def token_rewards(cfg: Config, seqs: Sequences) -> tuple[torch.Tensor, torch.Ten
         return stored, scores
     a = cfg.algorithm
     key = {"state": seqs.groups.tolist(), "batch": [0] * len(seqs), "inductive": seqs.tags}[a.reward_norm_grouping]
-    from ragen.algos.advantages import group_index
-
     normed = normalize_scores(scores, group_index(key), a.reward_norm_method)
     rewards = torch.zeros_like(stored)
     for b in range(len(seqs)):  # the score sits on the last turn's end (also when it is 0 and stored nowhere)
@@ -93,13 +91,8 @@ def token_rewards(cfg: Config, seqs: Sequences) -> tuple[torch.Tensor, torch.Ten
     return rewards, normed
 
 
-def _chunks(n: int, size: int) -> list[list[int]]:
-    return [list(range(s, min(s + size, n))) for s in range(0, n, size)]
-
-
 def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref: Any = None, pad_id: int,
-           rank: int = 0, world: int = 1, iteration: int = 0, pad_to_longest: bool = False,
-           progress: Callable[[str, int, int], None] | None = None) -> UpdateResult:
+           rank: int = 0, world: int = 1, iteration: int = 0, pad_to_longest: bool = False) -> UpdateResult:
     """One update. ``actor``/``critic`` are DeepSpeed engines (or anything with backward/step/module);
     ``ref`` a frozen model (needed when a KL term is on or tracked). ``pad_to_longest`` pads every micro-batch to
     the batch's longest trajectory, as the original does (only for measuring what bucketing saves)."""
@@ -168,7 +161,7 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
 
     def minibatches(size: int) -> list[list[int]]:
         # a smaller last mini-batch uses its own denominators
-        return [[order[i] for i in chunk] for chunk in _chunks(B, size)]
+        return [[order[i] for i in chunk] for chunk in fixed_micro_batches(B, size)]
 
     # -- critic first (advantages above used the pre-update values) -----------------------------------------
     if use_critic:
@@ -184,8 +177,6 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
                 step_metrics = _actor_step(cfg, actor, seqs, mini, old_logp, ref_logp, adv, mask, pad_id, rank,
                                            world, pad_to)
                 _record(result, lists, step_metrics, "actor")
-                if progress is not None:
-                    progress("actor", len(lists["actor/pg_loss"]), 0)
     for k, v in lists.items():
         finite = [x for x in v if math.isfinite(x)]
         result.metrics[k] = float(np.mean(finite)) if finite else float("nan")
