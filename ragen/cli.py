@@ -94,15 +94,14 @@ def envs_instances(out: Annotated[Path, typer.Option(help="output parquet file")
                    iteration: Annotated[int, typer.Option(help="training iteration (train mode)")] = 0,
                    params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None) -> None:
     """Generate one iteration's env instances (the pipeline's first stage) and write them as parquet."""
-    from ragen.envs.instances import generate_instances, write_instances
+    from ragen.envs.instances import write_instances
+    from ragen.rollout.runner import instances_for
 
     if mode not in ("train", "val"):
         typer.secho(f"--mode must be train or val, got {mode!r}", err=True, fg="red")
         raise typer.Exit(2)
     cfg = _config(params, preset or ["cpu-small"], overrides)
-    split, seed = cfg.envs.for_mode(mode)
-    df = generate_instances(split.tags, split.n_groups, split.group_size, seed=seed, iteration=iteration,
-                            mode=mode, group_rng=cfg.envs.group_rng, tag_specs=cfg.tag_specs())  # type: ignore[arg-type]
+    df = instances_for(cfg, mode, iteration)
     write_instances(df, out)
     summary = df.groupby("tag").agg(envs=("env_id", "size"), groups=("group", "nunique"),
                                     seeds=("seed", lambda s: f"{s.min()}..{s.max()}"),

@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +15,29 @@ DEFAULT_CPU_MODEL = "smollm2-135m-instruct"
 TINY_MODEL = "tiny-random-llama"
 ALIASES = (DEFAULT_CPU_MODEL, TINY_MODEL)
 CACHE_ENV = "RAGEN_CACHE_DIR"
+
+
+def torch_dtype(name: str) -> Any:
+    """``model.dtype`` (bf16 / fp16 / fp32) as a torch dtype."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
+
+
+@contextmanager
+def staged_dir(target: Path, marker: str | None = None) -> Iterator[Path]:
+    """A temporary directory beside ``target`` to write into; on success its files move into ``target``, the
+    ``marker`` file last (its presence means the directory is complete), so a crash never leaves a
+    half-written model or tokenizer."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    try:
+        yield tmp
+        target.mkdir(parents=True, exist_ok=True)
+        for f in sorted(tmp.iterdir(), key=lambda f: f.name == marker):
+            shutil.move(str(f), target / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cache_root() -> Path:

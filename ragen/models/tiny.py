@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
-from ragen.models.registry import TINY_MODEL, cache_root, load_tokenizer
+from ragen.models.registry import TINY_MODEL, cache_root, load_tokenizer, staged_dir
 
 MARKER = "ragen-tiny.json"
 
@@ -32,15 +30,8 @@ def build_tiny_model(target: Path | None = None, *, seed: int = 0, tokenizer: st
                          pad_token_id=tok.pad_token_id, rope_theta=10000.0, dtype="float32")
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tiny-"))
-    try:
+    with staged_dir(target, MARKER) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        target.mkdir(parents=True, exist_ok=True)
-        for f in tmp.iterdir():
-            shutil.move(str(f), target / f.name)
-        (target / MARKER).write_text(json.dumps({"seed": seed, "tokenizer": tokenizer}))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / MARKER).write_text(json.dumps({"seed": seed, "tokenizer": tokenizer}))
     return target

@@ -8,9 +8,8 @@ from typing import Any
 
 import torch
 
+from ragen.models.registry import torch_dtype
 from ragen.rollout.engine import Generation, Sampling, clip_requests
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 class HFEngine:
@@ -21,7 +20,7 @@ class HFEngine:
         from transformers import AutoModelForCausalLM
 
         self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+            model_path, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code)
         self.model.eval()
         self.pad_token_id = int(pad_token_id)
         self.batch_size = batch_size

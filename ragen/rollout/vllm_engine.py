@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 
+from ragen.models.registry import torch_dtype
 from ragen.rollout.engine import Generation, Sampling, clip_requests
-
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def configure_vllm_env(kv_cache_gib: float) -> None:
@@ -47,14 +46,15 @@ class VLLMEngine:
         configure_vllm_env(kv_cache_gib)
         from vllm import LLM
 
-        self.llm = LLM(model=model_path, dtype=DTYPES[dtype], seed=seed, max_model_len=max_model_len,
+        self.dtype = torch_dtype(dtype)
+        self.llm = LLM(model=model_path, dtype=str(self.dtype).removeprefix("torch."), seed=seed,
+                       max_model_len=max_model_len,
                        max_num_batched_tokens=max(max_num_batched_tokens, max_model_len),
                        enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
                        tensor_parallel_size=tensor_parallel_size, enable_prefix_caching=enable_prefix_caching,
                        trust_remote_code=trust_remote_code, logprobs_mode="processed_logprobs",
                        skip_tokenizer_init=False)
         self.max_model_len = max_model_len
-        self.dtype = getattr(torch, DTYPES[dtype])
 
     def _params(self, sampling: Sampling, max_tokens: int, **extra: Any) -> Any:
         from vllm import SamplingParams

@@ -11,8 +11,7 @@ import torch
 from torch import nn
 
 from ragen.algos.losses import entropy_from_logits, logprobs_from_logits
-
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from ragen.models.registry import torch_dtype
 
 
 def load_actor(path: str, *, trust_remote_code: bool = False, gradient_checkpointing: bool = False) -> nn.Module:
@@ -29,7 +28,7 @@ def load_actor(path: str, *, trust_remote_code: bool = False, gradient_checkpoin
 def load_reference(path: str, *, dtype: str = "bf16", trust_remote_code: bool = False) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code)
     model.eval().requires_grad_(False)
     return model
 
