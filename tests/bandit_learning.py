@@ -6,6 +6,7 @@ Usage: python tests/bandit_learning.py ITERATIONS [key=value overrides...]"""
 
 import json
 import sys
+import time
 
 OVERRIDES = [
     "envs.train.tags=[Bandit]", "envs.train.n_groups=[8]", "envs.train.group_size=4",
@@ -34,7 +35,9 @@ def main(iterations: int, extra: list[str]) -> None:
         return {"high_arm": int(df["success"].sum()), "n": len(df),
                 "format_errors": int(df["num_format_errors"].sum()), "scores": df["score"].tolist()}
 
+    t0 = time.monotonic()
     out = {"before": val(), "train": []}
+    print(f"before: {out['before']['high_arm']}/{out['before']['n']} high arm", file=sys.stderr, flush=True)
     trainer = Trainer(cfg, renderer=renderer)
     for k in range(iterations):
         c = collect(cfg, engine, renderer, mode="train", iteration=k, progress=False)
@@ -42,6 +45,7 @@ def main(iterations: int, extra: list[str]) -> None:
         gate = trainer.sync(engine)
         out["train"].append({"score": c.metrics["Bandit/score"], "success": c.metrics["Bandit/success"],
                              "grad_norm": res.metrics["actor/grad_norm"], "gate": gate.mean_abs})
+        print(f"iteration {k}: {out['train'][-1]} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
     out["after"] = val()
     print(json.dumps(out))
 

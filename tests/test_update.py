@@ -108,6 +108,20 @@ def test_non_finite_loss_skips_the_step(batch, tokenizer):
     assert np.isnan(res.metrics["actor/grad_norm"])
 
 
+@pytest.mark.parametrize("kind,zero", [("plain", None), ("ds", "infra/deepspeed/zero0.json"),
+                                       ("ds", "infra/deepspeed/zero2.json")])
+def test_non_finite_gradient_with_finite_loss_skips_the_step(batch, tokenizer, kind, zero):
+    cfg, seqs = batch
+    a, cr = engines(cfg, kind, zero) if zero else engines(cfg, kind)
+    # a finite loss whose gradient is NaN: only the norm check (ours, or ZeRO-2's overflow check) can catch it
+    next(a.module.parameters()).register_hook(lambda g: g * float("nan"))
+    before = flat(a).clone()
+    res = update(cfg, seqs, a, critic=cr, pad_id=tokenizer.pad_token_id)
+    assert res.actor_steps == 0 and res.skipped_steps == 2 and res.critic_steps == 2
+    assert torch.isfinite(flat(a)).all() and torch.equal(flat(a), before)
+    assert np.isnan(res.metrics["actor/grad_norm"])
+
+
 def test_grpo_needs_no_critic(batch, tokenizer):
     _, seqs = batch
     g = load_config(None, ["cpu-small"], [*SMALL, "algorithm.adv_estimator=grpo"])

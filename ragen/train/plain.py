@@ -31,6 +31,9 @@ class PlainEngine:
     def get_global_grad_norm(self) -> None:
         return None
 
+    def was_step_applied(self) -> bool:
+        return True  # the update only steps after checking the norm itself
+
     def step(self) -> None:
         torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
         self.optimizer.step()

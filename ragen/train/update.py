@@ -240,6 +240,9 @@ def _boundary_steps(engine: Any, seqs: Sequences, local: list[int], cfg_opt: Any
         engine.step()
         if norm is None:
             norm = grad_norm_after_step(engine)
+        # ZeRO-1/2/3 keep gradients in the optimizer and skip an overflowing step themselves: count it as skipped
+        if not engine.was_step_applied():
+            skip, norm = True, float("nan")
     sums["grad_norm"] = norm
     sums["skipped"] = float(skip)
     return sums
@@ -274,7 +277,7 @@ def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_l
         tok = float(msk.sum())
         parts["actor/pg_clipfrac"] = float((terms.clipped & msk).sum()) / n_tokens
         parts["actor/pg_clipfrac_lower"] = float((terms.dual_clipped & msk).sum()) / n_tokens
-        parts["actor/ppo_kl"] = float((terms.neg_approx_kl * msk).sum()) / n_tokens
+        parts["actor/ppo_kl"] = float((terms.neg_approx_kl.detach() * msk).sum()) / n_tokens
         parts["actor/tokens"] = tok
         return loss, parts
 
