@@ -274,7 +274,7 @@ def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_l
                           norm_len)
             loss = loss + ac.kl_loss_coef * kl
             parts["actor/kl_loss"] = float(kl.detach())
-        tok = float(msk.sum())
+        tok = float(msk.sum().detach())
         parts["actor/pg_clipfrac"] = float((terms.clipped & msk).sum()) / n_tokens
         parts["actor/pg_clipfrac_lower"] = float((terms.dual_clipped & msk).sum()) / n_tokens
         parts["actor/ppo_kl"] = float((terms.neg_approx_kl.detach() * msk).sum()) / n_tokens

@@ -1,0 +1,130 @@
+"""The stages of one training iteration as plain functions over a run directory (DESIGN.md 2). Prefect tasks wrap
+them one to one; ``train_loop`` chains them without any orchestrator (tests, notebooks, the pipeline benchmark).
+
+The engines are heavy and stateful, so they live in a ``Runtime`` the caller keeps for the whole run; the stages
+pass paths and small records. A stage rewrites its own files from scratch, so re-running an interrupted iteration
+gives the same files as an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ragen.config import Config
+from ragen.run.rundir import RunDir, prune_states, write_json
+
+EVAL_INIT = "eval_init.json"
+
+
+@dataclass
+class Runtime:
+    """What a run holds in its process: tokenizer, renderer, rollout engine and trainer (built on first use)."""
+
+    cfg: Config
+    resume: Path | None = None
+    tokenizer: Any = None
+    renderer: Any = None
+    engine: Any = None
+    trainer: Any = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def open(self) -> Runtime:
+        from ragen.agent.chat import ChatRenderer
+        from ragen.models import load_tokenizer
+        from ragen.rollout.factory import make_engine
+        from ragen.train.trainer import Trainer
+
+        t0 = time.monotonic()
+        m = self.cfg.model
+        self.tokenizer = load_tokenizer(m.base, m.tokenizer, m.trust_remote_code)
+        self.renderer = ChatRenderer(self.tokenizer)
+        # a resumed run samples from the weights of its last completed iteration, exactly as it would have
+        self.engine = make_engine(self.cfg, self.tokenizer,
+                                  model_path=str(self.resume / "actor") if self.resume else None)
+        self.timings["timing_s/open_engine"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        self.trainer = Trainer(self.cfg, resume=self.resume, renderer=self.renderer)
+        self.timings["timing_s/open_trainer"] = time.monotonic() - t0
+        return self
+
+
+def generate_instances(cfg: Config, run: RunDir, k: int) -> Path:
+    from ragen.rollout.runner import instances_for
+
+    out = run.iteration(k) / "instances.parquet"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    instances_for(cfg, "train", k).to_parquet(out)
+    return out
+
+
+def collect_rollouts(rt: Runtime, run: RunDir, k: int, instances: Path) -> tuple[Path, dict[str, float]]:
+    from ragen.rollout.runner import collect
+
+    c = collect(rt.cfg, rt.engine, rt.renderer, mode="train", iteration=k, instances=pd.read_parquet(instances))
+    out = run.iteration(k) / "rollouts.parquet"
+    c.rollouts.to_parquet(out)
+    return out, {_train_key(key): v for key, v in c.metrics.items()}
+
+
+def _train_key(key: str) -> str:
+    """Env metrics (``Bandit/success``) become ``train/Bandit/success`` beside ``val/...``; others stay."""
+    return key if key.startswith(("timing_s/", "rollout/")) else f"train/{key}"
+
+
+def update_policy(rt: Runtime, run: RunDir, k: int, rollouts: Path) -> dict[str, float]:
+    """Filter + update on iteration k's rollouts, sync the new weights into the engine, and save the state."""
+    t0 = time.monotonic()
+    res = rt.trainer.step(pd.read_parquet(rollouts), k)
+    t1 = time.monotonic()
+    gate = rt.trainer.sync(rt.engine)
+    t2 = time.monotonic()
+    rt.trainer.save(run.state(k))
+    metrics = dict(res.metrics)
+    if metrics.get("timing_s/update"):
+        metrics["update/tokens_per_s"] = metrics["update/tokens"] / metrics["timing_s/update"]
+    metrics.update({"sync/gate_mean_abs": gate.mean_abs, "sync/gate_max_abs": gate.max_abs,
+                    "timing_s/step": t1 - t0, "timing_s/sync": t2 - t1, "timing_s/save": time.monotonic() - t2})
+    return metrics
+
+
+def evaluate(rt: Runtime, out: Path) -> dict[str, float]:
+    """Score the current weights on the fixed validation seeds (envs.val), written to ``out`` as JSON."""
+    from ragen.rollout.runner import collect
+
+    t0 = time.monotonic()
+    c = collect(rt.cfg, rt.engine, rt.renderer, mode="val")
+    metrics = {f"val/{key}": v for key, v in c.metrics.items() if not key.startswith(("timing_s", "rollout/"))}
+    metrics["val/score"] = float(c.rollouts["score"].mean())
+    metrics["timing_s/eval"] = time.monotonic() - t0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, metrics)
+    return metrics
+
+
+def should_evaluate(cfg: Config, k: int, last: int) -> bool:
+    return (k + 1) % cfg.trainer.test_freq == 0 or k == last
+
+
+def best_iteration(run: RunDir) -> int | None:
+    """The completed iteration with the highest validation score (first on ties)."""
+    best, score = None, -math.inf
+    for k in run.completed():
+        p = run.iteration(k) / "eval.json"
+        if p.is_file():
+            s = json.loads(p.read_text()).get("val/score", -math.inf)
+            if s > score:
+                best, score = k, s
+    return best
+
+
+def finish_iteration(cfg: Config, run: RunDir, k: int, metrics: dict[str, float]) -> list[int]:
+    """metrics.json, then the marker (the iteration now counts as done), then prune old states."""
+    write_json(run.iteration(k) / "metrics.json", metrics)
+    run.mark_complete(k, {"iteration": k, "time": time.time()})
+    return prune_states(run, cfg.trainer.checkpoint_every, best_iteration(run))

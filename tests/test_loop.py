@@ -1,0 +1,60 @@
+"""The training loop as plain calls on the tiny model (HF engine, DeepSpeed ZeRO-0): the run directory it writes,
+and that a run stopped after an iteration and continued ends exactly where an uninterrupted run does."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ragen.config import load_config
+from ragen.models import TINY_MODEL
+from ragen.run.iteration import best_iteration
+from ragen.run.loop import train_loop
+from ragen.run.rundir import ResumeError
+
+pytestmark = pytest.mark.slow
+
+TINY = [f"model.base={TINY_MODEL}", "model.dtype=fp32", "rollout.engine=hf", "envs.train.tags=[SimpleSokoban]",
+        "envs.train.n_groups=[2]", "envs.train.group_size=4", "envs.val.tags=[SimpleSokoban]", "envs.val.n_groups=[4]",
+        "envs.val.group_size=1", "agent.max_turn=2", "rollout.response_length=12", "algorithm.filter_ratio=1.0",
+        "actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4", "actor.lr=1e-3", "critic.lr=1e-3",
+        "actor.gradient_checkpointing=false", "critic.gradient_checkpointing=false", "trainer.test_freq=1",
+        "trainer.checkpoint_every=5", "rollout.sync_mean_tol=1e-3", "rollout.sync_max_tol=1e-2"]
+
+
+def cfg(tmp_path, steps, *extra):
+    return load_config(None, ["cpu-small"],
+                       [*TINY, f"trainer.run_dir={tmp_path}", f"trainer.total_training_steps={steps}", *extra])
+
+
+def weights(run, k):
+    return load_file(str(run.state(k) / "actor" / "model.safetensors"))
+
+
+def test_loop_writes_each_iteration_and_resumes_exactly(tmp_path):
+    full = train_loop(cfg(tmp_path, 2), "full")
+    run = full.run
+    assert full.iterations == [0, 1] and full.eval_init is not None
+    for k in (0, 1):
+        d = run.iteration(k)
+        for f in ("instances.parquet", "rollouts.parquet", "metrics.json", "eval.json", "COMPLETE"):
+            assert (d / f).is_file(), (k, f)
+        m = json.loads((d / "metrics.json").read_text())
+        assert {"actor/pg_loss", "critic/vf_loss", "train/SimpleSokoban/success", "val/score",
+                "timing_s/iteration"} <= set(m)
+    # retention at checkpoint_every=5: only the latest and the best (by val score) states remain
+    assert {k for k in (0, 1) if run.state(k).is_dir()} == {1, best_iteration(run)}
+
+    first = train_loop(cfg(tmp_path, 1), "split")  # as if killed after iteration 0 completed
+    assert first.iterations == [0]
+    rest = train_loop(cfg(tmp_path, 2), "split")
+    assert rest.iterations == [1] and rest.eval_init is None
+    for key in ("train/SimpleSokoban/score", "actor/pg_loss", "critic/vf_loss", "val/score"):
+        assert rest.metrics[1][key] == pytest.approx(full.metrics[1][key], rel=1e-5, abs=1e-7), key
+    a, b = weights(run, 1), weights(rest.run, 1)
+    assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
+    assert train_loop(cfg(tmp_path, 2), "split").iterations == []  # nothing left to do
+
+    with pytest.raises(ResumeError, match=r"actor\.lr"):
+        train_loop(cfg(tmp_path, 3, "actor.lr=0.1"), "split")

@@ -1,0 +1,62 @@
+"""The run directory: where a restarted run continues, config binding, the checkpoint retention rule."""
+
+import pytest
+
+from ragen.config import load_config
+from ragen.run.rundir import ResumeError, RunDir, prune_states, retained_states
+
+
+def complete(run, k, state=True):
+    run.iteration(k).mkdir(parents=True, exist_ok=True)
+    if state:
+        run.state(k).mkdir()
+    run.mark_complete(k, {"iteration": k})
+
+
+def test_a_fresh_run_starts_at_zero_and_resumes_after_the_last_marker(tmp_path):
+    run = RunDir.at(tmp_path, "r")
+    assert run.next_iteration() == 0 and run.resume_state() is None
+    complete(run, 0)
+    complete(run, 1)
+    run.iteration(2).mkdir()  # killed mid-iteration: data but no marker
+    (run.iteration(2) / "rollouts.parquet").write_text("half")
+    assert run.completed() == [0, 1]
+    assert run.next_iteration() == 2
+    assert run.resume_state() == run.state(1)
+
+
+def test_holes_and_missing_states_are_named(tmp_path):
+    run = RunDir.at(tmp_path, "r")
+    complete(run, 0)
+    complete(run, 2)
+    with pytest.raises(ResumeError, match=r"iterations \[1\]"):
+        run.next_iteration()
+    run2 = RunDir.at(tmp_path, "s")
+    complete(run2, 0, state=False)
+    with pytest.raises(ResumeError, match="iter_00000/state"):
+        run2.resume_state()
+
+
+def test_bad_run_names_are_refused(tmp_path):
+    for bad in ("", "a/b", ".hidden"):
+        with pytest.raises(ValueError, match="run name"):
+            RunDir.at(tmp_path, bad)
+
+
+def test_a_restart_with_other_settings_names_the_keys(tmp_path):
+    run = RunDir.at(tmp_path, "r")
+    run.bind_config(load_config(None, ["cpu-small"]))
+    run.bind_config(load_config(None, ["cpu-small"], ["trainer.total_training_steps=99"]))  # longer run: fine
+    with pytest.raises(ResumeError, match=r"actor\.lr: 1e-06 -> 0\.5|actor\.lr: .* -> 0\.5"):
+        run.bind_config(load_config(None, ["cpu-small"], ["actor.lr=0.5"]))
+
+
+def test_retention_keeps_latest_best_and_every_nth(tmp_path):
+    assert retained_states([], 2, None) == set()
+    assert retained_states(list(range(7)), 3, best=0) == {0, 2, 5, 6}
+    run = RunDir.at(tmp_path, "r")
+    for k in range(5):
+        complete(run, k)
+    assert prune_states(run, 2, best=2) == [0]
+    assert [k for k in range(5) if run.state(k).is_dir()] == [1, 2, 3, 4]
+    assert prune_states(run, 2, best=None) == [2]
