@@ -110,6 +110,46 @@ def envs_instances(out: Annotated[Path, typer.Option(help="output parquet file")
     typer.echo(f"wrote {len(df)} instances to {out}")
 
 
+@app.command("train")
+def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>; an existing run continues")]
+              = "default",
+              iterations: Annotated[int | None, typer.Option(help="total iterations (trainer.total_training_steps)")]
+              = None,
+              params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None,
+              prefect: Annotated[bool, typer.Option("--prefect/--no-prefect",
+                                                    help="run as the Prefect flow `ragen` (in-process, no server "
+                                                         "needed) or as plain calls")] = True) -> None:
+    """Train (or continue) a run: rollouts -> update -> eval per iteration, each iteration saved under runs/."""
+    from ragen.run.rundir import ResumeError
+
+    cfg = _config(params, preset, [*(overrides or []),
+                                   *([f"trainer.total_training_steps={iterations}"] if iterations else [])])
+    try:
+        if prefect:
+            from flows.train_loop import train_loop
+
+            out = train_loop(run_name=run, params=str(params) if params else None, preset=preset or [],
+                             overrides=overrides or [], iterations=iterations)
+            done, last = out["iterations"], out["last_metrics"]
+        else:
+            from ragen.run.loop import train_loop as plain_loop
+
+            res = plain_loop(cfg, run)
+            done = res.iterations
+            last = res.metrics[done[-1]] if done else None
+    except ResumeError as e:
+        typer.secho(str(e), err=True, fg="red")
+        raise typer.Exit(2) from None
+    root = Path(cfg.trainer.run_dir) / run
+    if not done:
+        typer.echo(f"run {root} is already complete ({cfg.trainer.total_training_steps} iterations)")
+        return
+    typer.echo(f"run {root}: completed iterations {done[0]}..{done[-1]}")
+    for k in ("val/score", "actor/grad_norm", "timing_s/iteration"):
+        if last and k in last:
+            typer.echo(f"  {k:24s} {last[k]:.4f}")
+
+
 @app.command("rollout")
 def rollout_cmd(out: Annotated[Path, typer.Option(help="rollouts parquet file to write")],
                 mode: Annotated[str, typer.Option(help="train or val")] = "train",

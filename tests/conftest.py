@@ -1,4 +1,8 @@
+import os
+
 import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from test servers
 
 
 @pytest.fixture(scope="session")

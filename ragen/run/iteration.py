@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from ragen.config import Config
 from ragen.run.rundir import RunDir, prune_states, write_json
 
@@ -43,7 +41,7 @@ class Runtime:
         t0 = time.monotonic()
         m = self.cfg.model
         self.tokenizer = load_tokenizer(m.base, m.tokenizer, m.trust_remote_code)
-        self.renderer = ChatRenderer(self.tokenizer)
+        self.renderer = ChatRenderer(self.tokenizer, m.end_of_turn_token)
         # a resumed run samples from the weights of its last completed iteration, exactly as it would have
         self.engine = make_engine(self.cfg, self.tokenizer,
                                   model_path=str(self.resume / "actor") if self.resume else None)
@@ -55,20 +53,19 @@ class Runtime:
 
 
 def generate_instances(cfg: Config, run: RunDir, k: int) -> Path:
+    from ragen.envs.instances import write_instances
     from ragen.rollout.runner import instances_for
 
-    out = run.iteration(k) / "instances.parquet"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    instances_for(cfg, "train", k).to_parquet(out)
-    return out
+    return write_instances(instances_for(cfg, "train", k), run.iteration(k) / "instances.parquet")
 
 
 def collect_rollouts(rt: Runtime, run: RunDir, k: int, instances: Path) -> tuple[Path, dict[str, float]]:
+    from ragen.envs.instances import read_instances
     from ragen.rollout.runner import collect
+    from ragen.rollout.table import write_rollouts
 
-    c = collect(rt.cfg, rt.engine, rt.renderer, mode="train", iteration=k, instances=pd.read_parquet(instances))
-    out = run.iteration(k) / "rollouts.parquet"
-    c.rollouts.to_parquet(out)
+    c = collect(rt.cfg, rt.engine, rt.renderer, mode="train", iteration=k, instances=read_instances(instances))
+    out = write_rollouts(c.rollouts, run.iteration(k) / "rollouts.parquet")
     return out, {_train_key(key): v for key, v in c.metrics.items()}
 
 
@@ -79,8 +76,10 @@ def _train_key(key: str) -> str:
 
 def update_policy(rt: Runtime, run: RunDir, k: int, rollouts: Path) -> dict[str, float]:
     """Filter + update on iteration k's rollouts, sync the new weights into the engine, and save the state."""
+    from ragen.rollout.table import read_rollouts
+
     t0 = time.monotonic()
-    res = rt.trainer.step(pd.read_parquet(rollouts), k)
+    res = rt.trainer.step(read_rollouts(rollouts), k)
     t1 = time.monotonic()
     gate = rt.trainer.sync(rt.engine)
     t2 = time.monotonic()

@@ -1,0 +1,45 @@
+"""Flow ``ragen``: a training run as one subflow per iteration over the stage tasks (tasks/stages.py), with the
+control flow of ragen.run.loop. Deployment ``train-loop`` serves it (``prefect deployment run ragen/train-loop``);
+``ragen train`` calls it in-process. Every (re)start continues the named run after its last completed iteration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from ragen.config import Config, load_config
+from ragen.run import loop
+from ragen.run.iteration import Runtime
+from ragen.run.rundir import RunDir
+from tasks import stages
+
+
+@flow(name="iteration", flow_run_name="iteration-{k}", persist_result=False, validate_parameters=False)
+def iteration_flow(rt: Runtime, run: RunDir, k: int, last: int) -> dict[str, float]:
+    return loop.run_iteration(rt, run, k, last, ops=stages)
+
+
+def resolve(params: str | None, preset: list[str] | str | None, overrides: list[str] | None,
+            iterations: int | None) -> Config:
+    presets = [preset] if isinstance(preset, str) else list(preset or [])
+    extra = list(overrides or [])
+    if iterations is not None:
+        extra.append(f"trainer.total_training_steps={iterations}")
+    return load_config(params, presets, extra)
+
+
+@flow(name="ragen", flow_run_name="{run_name}", persist_result=False)
+def train_loop(run_name: str = "default", params: str | None = "params.yaml", preset: list[str] | None = None,
+               overrides: list[str] | None = None, iterations: int | None = None) -> dict[str, Any]:
+    """Train (or continue) run ``run_name``: config = params file <- presets <- overrides (``key=value``)."""
+    log = get_run_logger()
+    cfg = resolve(params, preset, overrides, iterations)
+
+    def report(k: int, m: dict[str, float]) -> None:
+        log.info("iteration %d: val score %.3f, actor grad norm %.3g, %.0f s", k, m.get("val/score", float("nan")),
+                 m.get("actor/grad_norm", float("nan")), m["timing_s/iteration"])
+
+    res = loop.train_loop(cfg, run_name, ops=stages, iteration=iteration_flow, on_iteration=report)
+    return {"run_dir": str(res.run.root), "resumed_at": res.resumed_at, "iterations": res.iterations,
+            "eval_init": res.eval_init, "last_metrics": res.metrics[res.iterations[-1]] if res.iterations else None}
