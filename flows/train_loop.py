@@ -12,7 +12,7 @@ from ragen.config import Config, load_config
 from ragen.run import loop
 from ragen.run.iteration import Runtime
 from ragen.run.rundir import RunDir
-from tasks import stages
+from tasks import stages, tracking
 
 
 @flow(name="iteration", flow_run_name="iteration-{k}", persist_result=False, validate_parameters=False)
@@ -35,11 +35,27 @@ def train_loop(run_name: str = "default", params: str | None = "params.yaml", pr
     """Train (or continue) run ``run_name``: config = params file <- presets <- overrides (``key=value``)."""
     log = get_run_logger()
     cfg = resolve(params, preset, overrides, iterations)
+    run = RunDir.at(cfg.trainer.run_dir, run_name)
+    run.bind_config(cfg)  # refuses a restart with other settings before anything is logged
+    run_id = tracking.reported(run, "start", tracking.start_tracking, cfg, run)
 
     def report(k: int, m: dict[str, float]) -> None:
         log.info("iteration %d: val score %.3f, actor grad norm %.3g, %.0f s", k, m.get("val/score", float("nan")),
                  m.get("actor/grad_norm", float("nan")), m["timing_s/iteration"])
+        if run_id is not None:
+            tracking.reported(run, f"metrics of iteration {k}", tracking.log_iteration, cfg, run_id, k, m)
 
-    res = loop.train_loop(cfg, run_name, ops=stages, iteration=iteration_flow, on_iteration=report)
-    return {"run_dir": str(res.run.root), "resumed_at": res.resumed_at, "iterations": res.iterations,
-            "eval_init": res.eval_init, "last_metrics": res.metrics[res.iterations[-1]] if res.iterations else None}
+    try:
+        res = loop.train_loop(cfg, run_name, ops=stages, iteration=iteration_flow, on_iteration=report)
+    except BaseException:
+        if run_id is not None:
+            tracking.reported(run, "end", tracking.end_tracking, cfg, run_id, "FAILED")
+        raise
+    if run_id is not None:
+        if res.eval_init:
+            init = {f"init/{k}": v for k, v in res.eval_init.items()}  # before any update, at step 0
+            tracking.reported(run, "initial eval", tracking.log_iteration, cfg, run_id, 0, init)
+        tracking.reported(run, "end", tracking.end_tracking, cfg, run_id, "FINISHED")
+    return {"run_dir": str(res.run.root), "mlflow_run_id": run_id, "resumed_at": res.resumed_at,
+            "iterations": res.iterations, "eval_init": res.eval_init,
+            "last_metrics": res.metrics[res.iterations[-1]] if res.iterations else None}
