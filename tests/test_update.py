@@ -194,19 +194,24 @@ def two_proportion_z(k1, n1, k2, n2):
 
 
 @pytest.mark.slow
-def test_starpo_s_raises_the_validation_reward_on_bandit():
-    """On the same 128 validation seeds, a few StarPO-S iterations with the bundled SmolLM2 raise the mean
-    reward (Welch t > 3) and cut format errors (z > 3). Measured: format errors 70% -> 5%, mean score up; the
-    high-risk-arm rate, which the paper's curves raise over ~100 steps, falls at first (the safe arm's sure 0.1
-    is learned before the risky arm's larger mean), so it is reported, not asserted."""
+@pytest.mark.timeout(3300)
+def test_starpo_s_raises_the_high_risk_arm_rate_on_bandit():
+    """On the same 128 validation seeds, four StarPO-S iterations with the bundled SmolLM2 raise the high-risk-arm
+    rate over the step-0 rate (two-proportion z > 3), raise the mean reward (Welch t > 3) and cut format errors.
+
+    What makes the risky arm learnable in four updates: 32 groups x 16 members with independent payout streams,
+    and a strong variance filter (keep the 4 groups of largest reward std: the groups where a Dragon pick paid).
+    With 8x4 rollouts the model learned the format and then the safe arm's sure 0.1 first. Measured here:
+    high arm 7/128 -> 51/128 (z = 6.6), format errors 90 -> 12, mean score -0.038 -> 0.135; train high-arm rate
+    per iteration 4.1%, 12.3%, 13.9%, 27.7%. About 30 min on 2 cores."""
     import json
     import statistics
     import subprocess
     import sys
     from pathlib import Path
 
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("bandit_learning.py")), str(ITERATIONS)],
-                          capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("bandit_learning.py")), str(ITERATIONS),
+                           *LEARNING], capture_output=True, text=True, timeout=3000)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     b, a = res["before"], res["after"]
@@ -214,13 +219,16 @@ def test_starpo_s_raises_the_validation_reward_on_bandit():
     t = (statistics.mean(sa) - statistics.mean(sb)) / (
         statistics.variance(sa) / len(sa) + statistics.variance(sb) / len(sb)) ** 0.5
     z_fmt = two_proportion_z(a["format_errors"], a["n"], b["format_errors"], b["n"])  # fewer errors after
-    print(f"mean score {statistics.mean(sb):.3f} -> {statistics.mean(sa):.3f} (t = {t:.2f}); format errors "
-          f"{b['format_errors']}/{b['n']} -> {a['format_errors']}/{a['n']} (z = {z_fmt:.2f}); high-risk arm "
-          f"{b['high_arm']} -> {a['high_arm']}; train {res['train']}")
-    assert t > 3.0 and z_fmt > 3.0, res
+    z_high = two_proportion_z(b["high_arm"], b["n"], a["high_arm"], a["n"])  # more high-arm picks after
+    print(f"high-risk arm {b['high_arm']}/{b['n']} -> {a['high_arm']}/{a['n']} (z = {z_high:.2f}); mean score "
+          f"{statistics.mean(sb):.3f} -> {statistics.mean(sa):.3f} (t = {t:.2f}); format errors "
+          f"{b['format_errors']} -> {a['format_errors']} (z = {z_fmt:.2f}); train {res['train']}")
+    assert z_high > 3.0 and t > 3.0 and z_fmt > 3.0, res
 
 
-ITERATIONS = 3
+ITERATIONS = 4
+LEARNING = ["envs.train.n_groups=[32]", "envs.train.group_size=16", "algorithm.filter_ratio=0.125",
+            "envs.group_rng=independent", "actor.lr=2e-5"]
 
 
 def test_token_rewards_place_the_normalised_score_on_the_last_turn_end():
