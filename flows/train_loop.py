@@ -23,10 +23,7 @@ def iteration_flow(rt: Runtime, run: RunDir, k: int, last: int) -> dict[str, flo
 def resolve(params: str | None, preset: list[str] | str | None, overrides: list[str] | None,
             iterations: int | None) -> Config:
     presets = [preset] if isinstance(preset, str) else list(preset or [])
-    extra = list(overrides or [])
-    if iterations is not None:
-        extra.append(f"trainer.total_training_steps={iterations}")
-    return load_config(params, presets, extra)
+    return load_config(params, presets, loop.with_iterations(overrides, iterations))
 
 
 @flow(name="ragen", flow_run_name="{run_name}", persist_result=False)

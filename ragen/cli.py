@@ -120,27 +120,26 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
                                                     help="run as the Prefect flow `ragen` (in-process, no server "
                                                          "needed) or as plain calls")] = True) -> None:
     """Train (or continue) a run: rollouts -> update -> eval per iteration, each iteration saved under runs/."""
+    from ragen.run.loop import with_iterations
     from ragen.run.rundir import ResumeError
 
-    cfg = _config(params, preset, [*(overrides or []),
-                                   *([f"trainer.total_training_steps={iterations}"] if iterations else [])])
+    cfg = _config(params, preset, with_iterations(overrides, iterations))
     try:
         if prefect:
             from flows.train_loop import train_loop
 
             out = train_loop(run_name=run, params=str(params) if params else None, preset=preset or [],
                              overrides=overrides or [], iterations=iterations)
-            done, last = out["iterations"], out["last_metrics"]
+            done, last, root = out["iterations"], out["last_metrics"], out["run_dir"]
         else:
             from ragen.run.loop import train_loop as plain_loop
 
             res = plain_loop(cfg, run)
-            done = res.iterations
+            done, root = res.iterations, res.run.root
             last = res.metrics[done[-1]] if done else None
     except ResumeError as e:
         typer.secho(str(e), err=True, fg="red")
         raise typer.Exit(2) from None
-    root = Path(cfg.trainer.run_dir) / run
     if not done:
         typer.echo(f"run {root} is already complete ({cfg.trainer.total_training_steps} iterations)")
         return

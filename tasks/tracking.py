@@ -60,12 +60,12 @@ def start_tracking(cfg: Config, run: RunDir) -> str:
     tags = {"git_commit": git_commit(), "preset": ",".join(cfg.preset) or "none",
             "experiment": cfg.tracking.experiment, "run_dir": str(run.root)}
     r = client.create_run(experiment_id(client, cfg), run_name=run.root.name, tags=tags)
-    params = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in flatten(config_to_dict(cfg)).items()}
-    items = [(k, v[:6000]) for k, v in params.items()]
     from mlflow.entities import Param
 
-    for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-        client.log_batch(r.info.run_id, params=[Param(k, v) for k, v in items[i:i + 100]])
+    params = [Param(k, (v if isinstance(v, str) else json.dumps(v))[:6000])  # MLflow's value length limit
+              for k, v in flatten(config_to_dict(cfg)).items()]
+    for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+        client.log_batch(r.info.run_id, params=params[i:i + 100])
     client.log_artifact(r.info.run_id, str(run.root / "config.yaml"))
     id_file.write_text(r.info.run_id + "\n")
     return r.info.run_id

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ EVAL_INIT = "eval_init.json"
 
 @dataclass
 class Runtime:
-    """What a run holds in its process: tokenizer, renderer, rollout engine and trainer (built on first use)."""
+    """What a run holds in its process: tokenizer, renderer, rollout engine and trainer (built by ``open``)."""
 
     cfg: Config
     resume: Path | None = None
@@ -30,7 +30,6 @@ class Runtime:
     renderer: Any = None
     engine: Any = None
     trainer: Any = None
-    timings: dict[str, float] = field(default_factory=dict)
 
     def open(self) -> Runtime:
         from ragen.agent.chat import ChatRenderer
@@ -38,17 +37,13 @@ class Runtime:
         from ragen.rollout.factory import make_engine
         from ragen.train.trainer import Trainer
 
-        t0 = time.monotonic()
         m = self.cfg.model
         self.tokenizer = load_tokenizer(m.base, m.tokenizer, m.trust_remote_code)
         self.renderer = ChatRenderer(self.tokenizer, m.end_of_turn_token)
         # a resumed run samples from the weights of its last completed iteration, exactly as it would have
         self.engine = make_engine(self.cfg, self.tokenizer,
                                   model_path=str(self.resume / "actor") if self.resume else None)
-        self.timings["timing_s/open_engine"] = time.monotonic() - t0
-        t0 = time.monotonic()
         self.trainer = Trainer(self.cfg, resume=self.resume, renderer=self.renderer)
-        self.timings["timing_s/open_trainer"] = time.monotonic() - t0
         return self
 
 
@@ -85,8 +80,6 @@ def update_policy(rt: Runtime, run: RunDir, k: int, rollouts: Path) -> dict[str,
     t2 = time.monotonic()
     rt.trainer.save(run.state(k))
     metrics = dict(res.metrics)
-    if metrics.get("timing_s/update"):
-        metrics["update/tokens_per_s"] = metrics["update/tokens"] / metrics["timing_s/update"]
     metrics.update({"sync/gate_mean_abs": gate.mean_abs, "sync/gate_max_abs": gate.max_abs,
                     "timing_s/step": t1 - t0, "timing_s/sync": t2 - t1, "timing_s/save": time.monotonic() - t2})
     return metrics

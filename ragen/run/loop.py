@@ -25,6 +25,11 @@ class LoopResult:
     eval_init: dict[str, float] | None = None
 
 
+def with_iterations(overrides: list[str] | None, iterations: int | None) -> list[str]:
+    """Overrides plus ``--iterations`` as the trainer.total_training_steps it stands for."""
+    return [*(overrides or []), *([f"trainer.total_training_steps={iterations}"] if iterations is not None else [])]
+
+
 def open_run(cfg: Config, name: str) -> tuple[RunDir, Runtime, int]:
     """Bind the config to the run directory; the runtime (not yet opened) starts at the run's resume point."""
     run = RunDir.at(cfg.trainer.run_dir, name)

@@ -99,16 +99,18 @@ class RunDir:
                 raise ResumeError(f"run {self.root} was started with a different config ({shown}); use another run "
                                   f"name or the original settings")
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".yaml.partial")
-        tmp.write_text(yaml.safe_dump(new, sort_keys=False))
-        tmp.replace(path)
+        write_text_atomic(path, yaml.safe_dump(new, sort_keys=False))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """A reader sees the old file or the new one, never half of one (as tables.write_table does for parquet)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Atomic: a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, allow_nan=True) + "\n")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True, allow_nan=True) + "\n")
 
 
 def retained_states(done: list[int], checkpoint_every: int, best: int | None) -> set[int]:

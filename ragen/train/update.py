@@ -186,6 +186,7 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
     result.metrics["timing_s/update"] = time.perf_counter() - t0
     n_tokens = int(sum(seqs.lengths))
     result.metrics["update/tokens"] = float(n_tokens)
+    result.metrics["update/tokens_per_s"] = n_tokens / result.metrics["timing_s/update"]
     result.lists = dict(lists)
     return result
 
