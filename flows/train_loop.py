@@ -4,6 +4,7 @@ control flow of ragen.run.loop. Deployment ``train-loop`` serves it (``prefect d
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -12,12 +13,26 @@ from ragen.config import Config, load_config
 from ragen.run import loop
 from ragen.run.iteration import Runtime
 from ragen.run.rundir import RunDir
-from tasks import stages, tracking
+from tasks import stages, tracking, versioning
 
 
 @flow(name="iteration", flow_run_name="iteration-{k}", persist_result=False, validate_parameters=False)
-def iteration_flow(rt: Runtime, run: RunDir, k: int, last: int) -> dict[str, float]:
-    return loop.run_iteration(rt, run, k, last, ops=stages)
+def iteration_flow(rt: Runtime, run: RunDir, k: int, last: int, run_id: str | None = None) -> dict[str, float]:
+    """The stages, then (once the iteration is complete on disk) DVC versioning and MLflow logging: both are
+    retried and, failing that, reported; neither can undo or stop the iteration."""
+    metrics = loop.run_iteration(rt, run, k, last, ops=stages)
+    cfg = rt.cfg
+    if cfg.tracking.dvc:
+        t0 = time.monotonic()
+        metrics.update(tracking.reported(run, f"DVC versioning of iteration {k}", versioning.version_iteration,
+                                         cfg, run, k, last) or {})
+        metrics["timing_s/version"] = time.monotonic() - t0
+    if run_id is not None:
+        t0 = time.monotonic()
+        tracking.reported(run, f"MLflow logging of iteration {k}", tracking.log_iteration, cfg, run, run_id, k,
+                          metrics)
+        metrics["timing_s/log"] = time.monotonic() - t0
+    return metrics
 
 
 def resolve(params: str | None, preset: list[str] | str | None, overrides: list[str] | None,
@@ -34,25 +49,27 @@ def train_loop(run_name: str = "default", params: str | None = "params.yaml", pr
     cfg = resolve(params, preset, overrides, iterations)
     run = RunDir.at(cfg.trainer.run_dir, run_name)
     run.bind_config(cfg)  # refuses a restart with other settings before anything is logged
-    run_id = tracking.reported(run, "start", tracking.start_tracking, cfg, run)
+    if cfg.tracking.dvc:
+        versioning.check_remote(cfg, run)  # a missing DVC repo or remote is a set-up error: say so before training
+    run_id = tracking.reported(run, "MLflow start", tracking.start_tracking, cfg, run)
 
     def report(k: int, m: dict[str, float]) -> None:
         log.info("iteration %d: val score %.3f, actor grad norm %.3g, %.0f s", k, m.get("val/score", float("nan")),
                  m.get("actor/grad_norm", float("nan")), m["timing_s/iteration"])
-        if run_id is not None:
-            tracking.reported(run, f"metrics of iteration {k}", tracking.log_iteration, cfg, run_id, k, m)
+
+    def step(rt: Runtime, run_: RunDir, k: int, last: int) -> dict[str, float]:
+        return iteration_flow(rt, run_, k, last, run_id)
 
     try:
-        res = loop.train_loop(cfg, run_name, ops=stages, iteration=iteration_flow, on_iteration=report)
+        res = loop.train_loop(cfg, run_name, ops=stages, iteration=step, on_iteration=report)
     except BaseException:
         if run_id is not None:
-            tracking.reported(run, "end", tracking.end_tracking, cfg, run_id, "FAILED")
+            tracking.reported(run, "MLflow end", tracking.end_tracking, cfg, run_id, "FAILED")
         raise
     if run_id is not None:
-        if res.eval_init:
-            init = {f"init/{k}": v for k, v in res.eval_init.items()}  # before any update, at step 0
-            tracking.reported(run, "initial eval", tracking.log_iteration, cfg, run_id, 0, init)
-        tracking.reported(run, "end", tracking.end_tracking, cfg, run_id, "FINISHED")
+        tracking.reported(run, "MLflow summary", tracking.log_summary, cfg, run, run_id)
+        tracking.reported(run, "MLflow model registration", tracking.register_model, cfg, run, run_id)
+        tracking.reported(run, "MLflow end", tracking.end_tracking, cfg, run_id, "FINISHED")
     return {"run_dir": str(res.run.root), "mlflow_run_id": run_id, "resumed_at": res.resumed_at,
             "iterations": res.iterations, "eval_init": res.eval_init,
             "last_metrics": res.metrics[res.iterations[-1]] if res.iterations else None}

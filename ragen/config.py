@@ -194,7 +194,9 @@ class TrackingConfig(_Section):
     experiment: str = "ragen"
     mlflow_tracking_uri: str = "sqlite:///mlflow.db"
     mlflow_artifact_location: str = "mlartifacts"
-    dvc_remote: str = Field("../ragen-dvc-remote", description="default DVC remote (a local path by default)")
+    registered_model: str | None = Field(None, description="MLflow model name; default: <experiment>-actor")
+    dvc: bool = Field(True, description="version every iteration with DVC (the run dir must be in a DVC repo)")
+    dvc_remote: str | None = Field(None, description="DVC remote name to push to; default: the repo's core.remote")
 
 
 class Config(_Section):

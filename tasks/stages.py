@@ -27,9 +27,14 @@ def collect_rollouts(rt: it.Runtime, run: RunDir, k: int, instances: Path) -> tu
     return it.collect_rollouts(rt, run, k, instances)
 
 
+@task(name="filter_batch", **_OPTS)
+def filter_batch(cfg: Config, run: RunDir, k: int, rollouts: Path) -> it.Batch:
+    return it.filter_batch(cfg, run, k, rollouts)
+
+
 @task(name="update_policy", **_OPTS)
-def update_policy(rt: it.Runtime, run: RunDir, k: int, rollouts: Path) -> dict[str, float]:
-    return it.update_policy(rt, run, k, rollouts)
+def update_policy(rt: it.Runtime, run: RunDir, k: int, batch: it.Batch) -> dict[str, float]:
+    return it.update_policy(rt, run, k, batch)
 
 
 @task(name="evaluate", **_OPTS)

@@ -7,19 +7,25 @@ and in ``<run>/tracking-failures.jsonl``; the iteration's data is already on dis
 from __future__ import annotations
 
 import json
+import math
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from ragen.config import Config, config_to_dict, flatten
+from ragen.run.iteration import EVAL_INIT
 from ragen.run.rundir import RunDir
 
 RUN_ID = "mlflow-run-id"
+CHAMPION = "champion"
 FAILURES = "tracking-failures.jsonl"
 _BAD_NAME = re.compile(r"[^\w\-. :/]")
 _OPTS = {"cache_policy": NO_CACHE, "persist_result": False}
@@ -32,10 +38,10 @@ def _client(cfg: Config) -> Any:
     return mlflow.MlflowClient(cfg.tracking.mlflow_tracking_uri)
 
 
-def git_commit() -> str:
+def git_commit(where: Path | None = None) -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              timeout=10).stdout.strip()
+                              timeout=10, cwd=where).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -58,7 +64,9 @@ def start_tracking(cfg: Config, run: RunDir) -> str:
         client.update_run(run_id, status="RUNNING")
         return run_id
     tags = {"git_commit": git_commit(), "preset": ",".join(cfg.preset) or "none",
-            "experiment": cfg.tracking.experiment, "run_dir": str(run.root)}
+            "experiment": cfg.tracking.experiment, "run_dir": str(run.root),
+            # the git revision of the repo holding the run's .dvc pointers; per-iteration hashes: dvc/... tags
+            "dvc_revision": git_commit(run.root) if cfg.tracking.dvc else "off"}
     r = client.create_run(experiment_id(client, cfg), run_name=run.root.name, tags=tags)
     from mlflow.entities import Param
 
@@ -76,16 +84,107 @@ def metric_name(key: str) -> str:
     return _BAD_NAME.sub("_", key.replace("@", "_at_"))
 
 
-@task(name="log_iteration", retries=3, retry_delay_seconds=2, **_OPTS)
-def log_iteration(cfg: Config, run_id: str, k: int, metrics: dict[str, float]) -> None:
+def _log_metrics(client: Any, run_id: str, step: int, metrics: dict[str, float]) -> None:
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    ms = [Metric(metric_name(key), float(v), now, k) for key, v in sorted(metrics.items())
+    ms = [Metric(metric_name(key), float(v), now, step) for key, v in sorted(metrics.items())
           if isinstance(v, int | float)]
-    client = _client(cfg)
     for i in range(0, len(ms), 1000):
         client.log_batch(run_id, metrics=ms[i:i + 1000])
+
+
+def dvc_md5(run: RunDir, path: Path) -> str | None:
+    """The content hash DVC recorded for a versioned path (what ``dvc checkout`` restores), or None."""
+    p = run.pointer(path)
+    if not p.is_file():
+        return None
+    outs = (yaml.safe_load(p.read_text()) or {}).get("outs") or [{}]
+    return outs[0].get("md5")
+
+
+@task(name="log_iteration", retries=3, retry_delay_seconds=2, **_OPTS)
+def log_iteration(cfg: Config, run: RunDir, run_id: str, k: int, metrics: dict[str, float]) -> None:
+    """Metrics at step k, the DVC hashes of what iteration k versioned (tags), sample trajectories as HTML, and on
+    evaluation iterations the training curves so far. Iteration 0 also logs the pre-training eval at step 0."""
+    from ragen.report.trajectories import render_trajectories_html
+    from ragen.rollout.table import read_rollouts
+
+    client = _client(cfg)
+    _log_metrics(client, run_id, k, metrics)
+    init = run.root / EVAL_INIT
+    if k == 0 and init.is_file():
+        _log_metrics(client, run_id, 0, {f"init/{key}": v for key, v in json.loads(init.read_text()).items()})
+    for name, path in ((f"dvc/data/iter_{k:05d}", run.iteration(k)), (f"dvc/checkpoint/iter_{k:05d}", run.state(k))):
+        md5 = dvc_md5(run, path)
+        if md5 is not None:
+            client.set_tag(run_id, name, md5)
+    rollouts = run.iteration(k) / "rollouts.parquet"
+    if rollouts.is_file():
+        html = render_trajectories_html(read_rollouts(rollouts), n=8, title=f"{run.root.name}: iteration {k}")
+        client.log_text(run_id, html, f"trajectories/iter_{k:05d}.html")
+    if any(key.startswith("val/") for key in metrics):
+        _log_plots(client, run, run_id)
+
+
+def _log_plots(client: Any, run: RunDir, run_id: str) -> None:
+    from ragen.report.plots import plot_training_curves
+
+    history = {j: json.loads((run.iteration(j) / "metrics.json").read_text()) for j in run.completed()
+               if (run.iteration(j) / "metrics.json").is_file()}
+    with tempfile.TemporaryDirectory() as d:
+        for png in plot_training_curves(history, Path(d)):
+            client.log_artifact(run_id, str(png), "plots")
+
+
+@task(name="log_summary", retries=3, retry_delay_seconds=2, **_OPTS)
+def log_summary(cfg: Config, run: RunDir, run_id: str) -> None:
+    """At the end of a run: the final curves and the resolved config as ``params.yaml``."""
+    client = _client(cfg)
+    _log_plots(client, run, run_id)
+    with tempfile.TemporaryDirectory() as d:
+        shutil.copy(run.root / "config.yaml", Path(d) / "params.yaml")
+        client.log_artifact(run_id, str(Path(d) / "params.yaml"))
+
+
+def model_name(cfg: Config) -> str:
+    return cfg.tracking.registered_model or f"{cfg.tracking.experiment}-actor"
+
+
+@task(name="register_model", retries=3, retry_delay_seconds=2, **_OPTS)
+def register_model(cfg: Config, run: RunDir, run_id: str) -> dict[str, Any] | None:
+    """Register the final actor (safetensors + tokenizer, loadable as ``model.base``) as a model version; move
+    the ``champion`` alias to it only if its final val score beats the current champion's."""
+    done = run.completed()
+    if not done or not (run.state(done[-1]) / "actor").is_dir():
+        return None
+    k = done[-1]
+    ev = run.iteration(k) / "eval.json"
+    score = json.loads(ev.read_text()).get("val/score") if ev.is_file() else None
+    client = _client(cfg)
+    client.log_artifacts(run_id, str(run.state(k) / "actor"), "model")
+    name = model_name(cfg)
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description="final actors of ragen training runs")
+    tags = {"iteration": str(k), "run_dir": str(run.root)}
+    if score is not None:
+        tags["val_score"] = repr(float(score))
+    mv = client.create_model_version(name, f"{client.get_run(run_id).info.artifact_uri}/model", run_id=run_id,
+                                     tags=tags)
+    try:
+        current = client.get_model_version_by_alias(name, CHAMPION)
+        best = float(current.tags.get("val_score", "-inf"))
+    except MlflowException:
+        current, best = None, -math.inf
+    promoted = score is not None and float(score) > best
+    if promoted:
+        client.set_registered_model_alias(name, CHAMPION, mv.version)
+    return {"name": name, "version": int(mv.version), "val_score": score, "champion": promoted,
+            "previous_champion": int(current.version) if current is not None else None}
 
 
 @task(name="end_tracking", retries=3, retry_delay_seconds=2, **_OPTS)
@@ -94,11 +193,12 @@ def end_tracking(cfg: Config, run_id: str, status: str = "FINISHED") -> None:
 
 
 def reported(run: RunDir, what: str, fn: Any, *args: Any) -> Any:
-    """Call a tracking task; after its retries, record the failure instead of raising."""
+    """Call a tracking or versioning task; after its retries, record the failure instead of raising (the
+    iteration's data is on disk; DVC versioning catches up on the next iteration)."""
     try:
         return fn(*args)
     except Exception as e:  # tracking must never stop training
-        get_run_logger().warning("MLflow %s failed after retries: %s", what, e)
+        get_run_logger().warning("%s failed after retries: %s", what, e)
         with (run.root / FAILURES).open("a") as f:
             f.write(json.dumps({"what": what, "error": repr(e), "time": time.time()}) + "\n")
         return None

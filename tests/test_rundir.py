@@ -3,13 +3,14 @@
 import pytest
 
 from ragen.config import load_config
-from ragen.run.rundir import ResumeError, RunDir, prune_states, retained_states
+from ragen.run.rundir import STATE_MARKER, ResumeError, RunDir, prune_states, retained_states, states_to_version
 
 
 def complete(run, k, state=True):
     run.iteration(k).mkdir(parents=True, exist_ok=True)
     if state:
-        run.state(k).mkdir()
+        run.state(k).mkdir(parents=True)
+        (run.state(k) / STATE_MARKER).write_text("done")
     run.mark_complete(k, {"iteration": k})
 
 
@@ -33,8 +34,29 @@ def test_holes_and_missing_states_are_named(tmp_path):
         run.next_iteration()
     run2 = RunDir.at(tmp_path, "s")
     complete(run2, 0, state=False)
-    with pytest.raises(ResumeError, match="iter_00000/state"):
+    with pytest.raises(ResumeError, match=r"checkpoints/iter_00000 is missing.*no earlier checkpoint"):
         run2.resume_state()
+
+
+def test_an_incomplete_checkpoint_names_the_file_and_the_last_good_iteration(tmp_path):
+    run = RunDir.at(tmp_path, "r")
+    complete(run, 0)
+    complete(run, 1)
+    (run.state(1) / STATE_MARKER).unlink()  # e.g. killed while copying it back by hand
+    with pytest.raises(ResumeError) as e:
+        run.resume_state()
+    msg = str(e.value)
+    assert "checkpoints/iter_00001 is incomplete" in msg and "last good iteration is 0" in msg
+    assert "not DVC-versioned" in msg
+    run.pointer(run.state(1)).write_text("outs: []\n")
+    with pytest.raises(ResumeError, match=r"dvc checkout .*checkpoints/iter_00001\.dvc"):
+        run.resume_state()
+
+
+def test_the_trainer_writes_the_marker_the_run_dir_checks():
+    from ragen.train.trainer import COMPLETE
+
+    assert COMPLETE == STATE_MARKER
 
 
 def test_bad_run_names_are_refused(tmp_path):
@@ -59,4 +81,10 @@ def test_retention_keeps_latest_best_and_every_nth(tmp_path):
         complete(run, k)
     assert prune_states(run, 2, best=2) == [0]
     assert [k for k in range(5) if run.state(k).is_dir()] == [1, 2, 3, 4]
-    assert prune_states(run, 2, best=None) == [2]
+    run.pointer(run.state(2)).write_text("outs: []\n")  # versioned: kept even when no longer the best
+    assert prune_states(run, 2, best=None) == []
+
+
+def test_checkpoints_to_version_are_every_nth_the_last_and_each_new_best():
+    assert [k for k in range(7) if states_to_version(k, 3, last=6, best=None)] == [2, 5, 6]
+    assert states_to_version(0, 3, last=6, best=0) and not states_to_version(1, 3, last=6, best=0)

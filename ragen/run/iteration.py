@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen.config import Config
-from ragen.run.rundir import RunDir, prune_states, write_json
+from ragen.run.rundir import ResumeError, RunDir, prune_states, write_json
 
 EVAL_INIT = "eval_init.json"
 
@@ -26,12 +26,31 @@ class Runtime:
 
     cfg: Config
     resume: Path | None = None
+    run: RunDir | None = None  # for error messages about the resume checkpoint
     tokenizer: Any = None
     renderer: Any = None
     engine: Any = None
     trainer: Any = None
 
     def open(self) -> Runtime:
+        try:
+            return self._open()
+        except ResumeError:
+            raise
+        except Exception as e:  # a damaged resume checkpoint: name it and the fallback, not a loader traceback
+            if self.resume is None or self.run is None:
+                raise
+            k = int(self.resume.name.split("_")[-1])
+            raise ResumeError(self.run.unusable_state(k, f"its checkpoint {self.resume} cannot be loaded "
+                                                         f"({type(e).__name__}: {e})")) from e
+
+    def close(self) -> None:
+        """Free the rollout engine (vLLM holds its KV cache until closed); the trainer goes with the object."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def _open(self) -> Runtime:
         from ragen.agent.chat import ChatRenderer
         from ragen.models import load_tokenizer
         from ragen.rollout.factory import make_engine
@@ -69,12 +88,35 @@ def _train_key(key: str) -> str:
     return key if key.startswith(("timing_s/", "rollout/")) else f"train/{key}"
 
 
-def update_policy(rt: Runtime, run: RunDir, k: int, rollouts: Path) -> dict[str, float]:
-    """Filter + update on iteration k's rollouts, sync the new weights into the engine, and save the state."""
-    from ragen.rollout.table import read_rollouts
+@dataclass
+class Batch:
+    """The filtered batch of an iteration: kept trajectories (in memory, as DESIGN.md 2 has it) + filter metrics;
+    the decisions themselves are in ``filter.json`` beside the rollouts."""
 
+    rollouts: Any  # pandas DataFrame
+    metrics: dict[str, float]
+
+
+def filter_batch(cfg: Config, run: RunDir, k: int, rollouts: Path) -> Batch:
+    """StarPO-S variance filter over iteration k's rollouts; writes which groups were kept to filter.json."""
+    from ragen.rollout.table import read_rollouts
+    from ragen.train.trainer import filter_rollouts
+
+    df = read_rollouts(rollouts)
+    kept, metrics = filter_rollouts(cfg, df)
+    groups = sorted(int(g) for g in df["group"].unique())
+    kept_groups = sorted(int(g) for g in kept["group"].unique())
+    write_json(run.iteration(k) / "filter.json", {"groups": groups, "kept_groups": kept_groups,
+                                                  "filter_ratio": cfg.algorithm.filter_ratio,
+                                                  "filter_type": cfg.algorithm.filter_type, **metrics})
+    return Batch(kept, metrics)
+
+
+def update_policy(rt: Runtime, run: RunDir, k: int, batch: Batch) -> dict[str, float]:
+    """Update on iteration k's filtered batch, sync the new weights into the engine, and save the state."""
     t0 = time.monotonic()
-    res = rt.trainer.step(read_rollouts(rollouts), k)
+    res = rt.trainer.update(batch.rollouts, k)
+    res.metrics.update(batch.metrics)
     t1 = time.monotonic()
     gate = rt.trainer.sync(rt.engine)
     t2 = time.monotonic()

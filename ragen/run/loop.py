@@ -35,7 +35,7 @@ def open_run(cfg: Config, name: str) -> tuple[RunDir, Runtime, int]:
     run = RunDir.at(cfg.trainer.run_dir, name)
     run.bind_config(cfg)
     start = run.next_iteration()
-    return run, Runtime(cfg, resume=run.resume_state()), start
+    return run, Runtime(cfg, resume=run.resume_state(), run=run), start
 
 
 def run_iteration(rt: Runtime, run: RunDir, k: int, last: int, ops: ModuleType | Any = plain_ops
@@ -43,7 +43,7 @@ def run_iteration(rt: Runtime, run: RunDir, k: int, last: int, ops: ModuleType |
     t0 = time.monotonic()
     inst = ops.generate_instances(rt.cfg, run, k)
     rollouts, metrics = ops.collect_rollouts(rt, run, k, inst)
-    metrics.update(ops.update_policy(rt, run, k, rollouts))
+    metrics.update(ops.update_policy(rt, run, k, ops.filter_batch(rt.cfg, run, k, rollouts)))
     if should_evaluate(rt.cfg, k, last):
         metrics.update(ops.evaluate(rt, run.iteration(k) / "eval.json"))
     metrics["timing_s/iteration"] = time.monotonic() - t0
@@ -57,15 +57,20 @@ def train_loop(cfg: Config, name: str, *, ops: ModuleType | Any = plain_ops,
     """Run (or continue) the run ``name`` up to ``trainer.total_training_steps`` iterations; ``iteration``
     replaces ``run_iteration`` (e.g. by a subflow around it)."""
     run, rt, start = open_run(cfg, name)
-    rt.open()
     res = LoopResult(run, resumed_at=start)
     last = cfg.trainer.total_training_steps - 1
-    if cfg.trainer.val_before_train and start == 0:
-        res.eval_init = ops.evaluate(rt, run.root / EVAL_INIT)
-    step = iteration or (lambda rt_, run_, k_, last_: run_iteration(rt_, run_, k_, last_, ops))
-    for k in range(start, last + 1):
-        res.metrics[k] = step(rt, run, k, last)
-        res.iterations.append(k)
-        if on_iteration is not None:
-            on_iteration(k, res.metrics[k])
+    if start > last:
+        return res  # already complete: nothing to load
+    rt.open()
+    try:
+        if cfg.trainer.val_before_train and start == 0:
+            res.eval_init = ops.evaluate(rt, run.root / EVAL_INIT)
+        step = iteration or (lambda rt_, run_, k_, last_: run_iteration(rt_, run_, k_, last_, ops))
+        for k in range(start, last + 1):
+            res.metrics[k] = step(rt, run, k, last)
+            res.iterations.append(k)
+            if on_iteration is not None:
+                on_iteration(k, res.metrics[k])
+    finally:
+        rt.close()
     return res

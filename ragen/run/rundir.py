@@ -3,11 +3,15 @@ data, and a completion marker written last. Resuming continues after the last it
 
     runs/<run>/config.yaml                 the resolved config the run was started with
     runs/<run>/iter_00007/instances.parquet, rollouts.parquet, metrics.json, eval.json (when evaluated)
-    runs/<run>/iter_00007/state/           the trainer checkpoint after iteration 7 (resume point)
     runs/<run>/iter_00007/COMPLETE         written after everything above
+    runs/<run>/checkpoints/iter_00007/     the trainer checkpoint after iteration 7 (resume point)
+    runs/<run>/iter_00007.dvc, checkpoints/iter_00009.dvc   DVC pointers of what was versioned
 
-Only the newest state is needed to resume; older ones are pruned by ``prune_states`` except every
-``checkpoint_every``-th iteration, the final one and the best by eval score (the documented retention rule)."""
+Data folders and checkpoints are separate so that DVC versions every iteration's data but only some checkpoints
+(each holds the actor, critic and optimizer state). Only the newest checkpoint is needed to resume; older ones
+are pruned by ``prune_states`` under the retention rule of ``retained_states``: keep the latest, the best by
+eval score, every ``checkpoint_every``-th, and every checkpoint DVC versioned (``states_to_version``: the
+checkpoint_every-th, the final one and each new best)."""
 
 from __future__ import annotations
 
@@ -23,10 +27,13 @@ import yaml
 from ragen.config import Config, config_to_dict, flatten
 
 MARKER = "COMPLETE"
-STATE = "state"
+CHECKPOINTS = "checkpoints"
+STATE_MARKER = "checkpoint-complete"  # written last by Trainer.save
+DVC_SUFFIX = ".dvc"
 _ITER = re.compile(r"^iter_(\d{5})$")
 # keys that may differ between the first start of a run and its resume without changing its data
-RESUME_FREE = ("trainer.total_training_steps", "rollout.progress")
+# (prefixes: where runs are logged and versioned is not part of what they compute)
+RESUME_FREE = ("trainer.total_training_steps", "rollout.progress", "tracking.")
 
 
 class ResumeError(RuntimeError):
@@ -47,7 +54,15 @@ class RunDir:
         return self.root / f"iter_{k:05d}"
 
     def state(self, k: int) -> Path:
-        return self.iteration(k) / STATE
+        return self.root / CHECKPOINTS / f"iter_{k:05d}"
+
+    @staticmethod
+    def pointer(path: Path) -> Path:
+        """The .dvc file DVC writes beside a tracked folder or file."""
+        return path.with_name(path.name + DVC_SUFFIX)
+
+    def is_versioned(self, path: Path) -> bool:
+        return self.pointer(path).is_file()
 
     def completed(self) -> list[int]:
         """Iterations whose marker exists, in order."""
@@ -76,10 +91,26 @@ class RunDir:
         if k < 0:
             return None
         st = self.state(k)
-        if not st.is_dir():
-            raise ResumeError(f"run {self.root}: iteration {k} is complete but its checkpoint {st} is missing; "
-                              f"restore it (dvc checkout {st}) or start a new run")
+        if not (st / STATE_MARKER).is_file():
+            what = "is incomplete (no " + STATE_MARKER + ")" if st.is_dir() else "is missing"
+            raise ResumeError(self.unusable_state(k, f"its checkpoint {st} {what}"))
         return st
+
+    def last_good_state(self, before: int) -> int | None:
+        """The newest iteration before ``before`` whose checkpoint is on disk and complete."""
+        good = [j for j in self.completed() if j < before and (self.state(j) / STATE_MARKER).is_file()]
+        return good[-1] if good else None
+
+    def unusable_state(self, k: int, problem: str) -> str:
+        """The message for a checkpoint a resume cannot use: what is wrong, how to restore it, where to fall back."""
+        st = self.state(k)
+        restore = (f"restore it with `dvc checkout {self.pointer(st)}` (or `dvc pull` it from the remote)"
+                   if self.is_versioned(st) else "it was not DVC-versioned, so it cannot be restored")
+        j = self.last_good_state(k)
+        back = (f"the last good iteration is {j} ({self.state(j)}): to continue from it, delete the {MARKER} "
+                f"files of iterations {j + 1}..{k}" if j is not None else
+                "no earlier checkpoint is complete: start a new run")
+        return f"run {self.root}: iteration {k} is complete but {problem}; {restore}, or {back}"
 
     def mark_complete(self, k: int, record: dict[str, Any]) -> None:
         (self.iteration(k) / MARKER).write_text(json.dumps(record, sort_keys=True) + "\n")
@@ -93,7 +124,7 @@ class RunDir:
         if path.is_file():
             old = yaml.safe_load(path.read_text()) or {}
             a, b = flatten(old), flatten(new)
-            diff = sorted(k for k in set(a) | set(b) if k not in RESUME_FREE and a.get(k) != b.get(k))
+            diff = sorted(k for k in set(a) | set(b) if not k.startswith(RESUME_FREE) and a.get(k) != b.get(k))
             if diff:
                 shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:8])
                 raise ResumeError(f"run {self.root} was started with a different config ({shown}); use another run "
@@ -113,6 +144,16 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True, allow_nan=True) + "\n")
 
 
+def is_checkpoint_iteration(k: int, checkpoint_every: int, last: int) -> bool:
+    """Every checkpoint_every-th iteration (counting from 1) and the last one."""
+    return (k + 1) % checkpoint_every == 0 or k == last
+
+
+def states_to_version(k: int, checkpoint_every: int, last: int, best: int | None) -> bool:
+    """Whether iteration k's checkpoint goes to DVC when k completes: a checkpoint iteration, or the new best."""
+    return is_checkpoint_iteration(k, checkpoint_every, last) or k == best
+
+
 def retained_states(done: list[int], checkpoint_every: int, best: int | None) -> set[int]:
     """The retention rule: keep the latest, the best, and every checkpoint_every-th (counting iterations from 1)."""
     if not done:
@@ -124,12 +165,13 @@ def retained_states(done: list[int], checkpoint_every: int, best: int | None) ->
 
 
 def prune_states(run: RunDir, checkpoint_every: int, best: int | None) -> list[int]:
-    """Delete the states the retention rule drops; returns the pruned iterations."""
+    """Delete the states the retention rule drops (never a versioned one: its pointer would dangle and
+    ``dvc status`` would report it deleted); returns the pruned iterations."""
     done = run.completed()
     keep = retained_states(done, checkpoint_every, best)
     pruned = []
     for k in done:
-        if k not in keep and run.state(k).is_dir():
+        if k not in keep and run.state(k).is_dir() and not run.is_versioned(run.state(k)):
             shutil.rmtree(run.state(k))
             pruned.append(k)
     return pruned

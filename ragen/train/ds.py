@@ -44,7 +44,23 @@ def ensure_distributed() -> tuple[int, int]:
         os.environ.setdefault("RANK", str(dist.get_rank()))
         os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
         os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
+    _forget_stale_deepspeed_groups()
     return dist.get_rank(), dist.get_world_size()
+
+
+_seen_world: list[Any] = []
+
+
+def _forget_stale_deepspeed_groups() -> None:
+    """DeepSpeed caches a clone of the world group; when a closed in-process vLLM engine took the default group
+    with it and a new one was made (a second run in one process), that clone is dead: drop it."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    world = dist.distributed_c10d._get_default_group()
+    if _seen_world and _seen_world[0] is not world:
+        groups._WORLD_GROUP = None
+    _seen_world[:] = [world]
 
 
 def load_ds_config(path: str | Path, *, grad_clip: float, dtype: str | None = None) -> dict[str, Any]:

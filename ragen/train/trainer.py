@@ -22,7 +22,7 @@ from ragen.train.models import load_actor, load_critic, load_reference
 from ragen.train.update import UpdateResult, update
 
 VALUE_HEAD = "value_head.safetensors"
-COMPLETE = "checkpoint-complete"
+COMPLETE = "checkpoint-complete"  # also ragen.run.rundir.STATE_MARKER (kept light: no torch import there)
 
 
 def filter_rollouts(cfg: Config, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
@@ -74,10 +74,14 @@ class Trainer:
     def step(self, rollouts: pd.DataFrame, iteration: int = 0) -> UpdateResult:
         """Filter a rollout batch and update on the kept trajectories."""
         kept, filter_metrics = filter_rollouts(self.cfg, rollouts)
-        res = update(self.cfg, sequences_from_rollouts(kept), self.actor, critic=self.critic, ref=self.ref,
-                     pad_id=self.pad_id, rank=self.rank, world=self.world, iteration=iteration)
+        res = self.update(kept, iteration)
         res.metrics.update(filter_metrics)
         return res
+
+    def update(self, batch: pd.DataFrame, iteration: int = 0) -> UpdateResult:
+        """Update on an already filtered batch (the pipeline filters in its own stage)."""
+        return update(self.cfg, sequences_from_rollouts(batch), self.actor, critic=self.critic, ref=self.ref,
+                      pad_id=self.pad_id, rank=self.rank, world=self.world, iteration=iteration)
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         return list(self.actor.module.state_dict().items())

@@ -1,0 +1,103 @@
+"""DVC versioning of a run directory: after each completed iteration its data folder (and, under the retention
+rule of ragen.run.rundir, its checkpoint) is ``dvc add``-ed and pushed to the repo's remote, so any iteration of
+any run can be checked out later. DVC runs in-process (no CLI start-up per call) and one call at a time: DVC
+allows one command per repo.
+
+Safe to retry and to repeat: ``add`` of an unchanged path and ``push`` of objects the remote has are no-ops, and
+each call also versions whatever an earlier, failed or killed call left unversioned."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from ragen.config import Config
+from ragen.run.iteration import EVAL_INIT, best_iteration
+from ragen.run.rundir import RunDir, is_checkpoint_iteration, states_to_version
+
+
+class VersioningError(RuntimeError):
+    pass
+
+
+def dvc_root(run: RunDir) -> Path:
+    """The DVC repository holding the run directory, or a clear error saying how to make one."""
+    from dvc.exceptions import NotDvcRepoError
+    from dvc.repo import Repo
+
+    run.root.mkdir(parents=True, exist_ok=True)
+    try:
+        return Path(Repo.find_root(str(run.root.resolve())))
+    except NotDvcRepoError:
+        raise VersioningError(f"run directory {run.root} is not inside a DVC repository: run `dvc init` (and "
+                              f"`dvc remote add -d NAME PATH`) in the project, or set tracking.dvc=false") from None
+
+
+def check_remote(cfg: Config, run: RunDir) -> str:
+    """The remote pushes go to (tracking.dvc_remote or the repo's default), checked before any training."""
+    from dvc.repo import Repo
+
+    with Repo(str(dvc_root(run))) as repo:
+        remotes = repo.config.get("remote", {})
+        name = cfg.tracking.dvc_remote or repo.config.get("core", {}).get("remote")
+    if not name or name not in remotes:
+        have = ", ".join(sorted(remotes)) or "none"
+        raise VersioningError(f"DVC remote {name!r} is not configured (remotes: {have}): set tracking.dvc_remote "
+                              f"to one of them, or add one with `dvc remote add -d NAME PATH`")
+    return name
+
+
+def pending(run: RunDir, k: int, last: int, checkpoint_every: int) -> list[Path]:
+    """What is not yet versioned up to iteration k: run-level files, completed data folders, and the
+    checkpoints the rule versions (checkpoint iterations, the last, the best) that are still on disk."""
+    # config.yaml every time: a continued run rewrites it with its longer total_training_steps
+    out = [p for p in (run.root / "config.yaml", run.root / EVAL_INIT)
+           if p.is_file() and (p.name == "config.yaml" or not run.is_versioned(p))]
+    best = best_iteration(run)
+    for j in run.completed():
+        if j > k:
+            break
+        if not run.is_versioned(run.iteration(j)):
+            out.append(run.iteration(j))
+        st = run.state(j)
+        wanted = states_to_version(j, checkpoint_every, last, best) if j == k else \
+            is_checkpoint_iteration(j, checkpoint_every, last)
+        if wanted and st.is_dir() and not run.is_versioned(st):
+            out.append(st)
+    return out
+
+
+def pointers(run: RunDir) -> list[Path]:
+    return sorted(run.root.rglob("*.dvc"))
+
+
+def version(cfg: Config, run: RunDir, k: int, last: int) -> dict[str, float]:
+    """``dvc add`` what is pending, then push every pointer of the run; returns counts and the time taken."""
+    from dvc.repo import Repo
+
+    t0 = time.monotonic()
+    root = dvc_root(run)
+    targets = pending(run, k, last, cfg.trainer.checkpoint_every)
+    with Repo(str(root)) as repo:
+        if targets:
+            repo.add([str(p.resolve()) for p in targets])
+        pushed = repo.push(targets=[str(p.resolve()) for p in pointers(run)], remote=cfg.tracking.dvc_remote)
+    return {"dvc/added": float(len(targets)), "dvc/pushed_files": float(pushed or 0),
+            "timing_s/dvc": time.monotonic() - t0}
+
+
+@task(name="version_iteration", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, persist_result=False)
+def version_iteration(cfg: Config, run: RunDir, k: int, last: int) -> dict[str, float]:
+    return version(cfg, run, k, last)
+
+
+def status(run: RunDir) -> dict[str, Any]:
+    """``dvc status`` of the run's pointers: {} when the workspace matches what was versioned."""
+    from dvc.repo import Repo
+
+    with Repo(str(dvc_root(run))) as repo:
+        return repo.status(targets=[str(p.resolve()) for p in pointers(run)])
