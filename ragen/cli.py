@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -147,6 +148,43 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
     for k in ("val/score", "actor/grad_norm", "timing_s/iteration"):
         if last and k in last:
             typer.echo(f"  {k:24s} {last[k]:.4f}")
+
+
+@app.command("up")
+def up_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>; an existing run continues")]
+           = "default",
+           iterations: Annotated[int | None, typer.Option(help="total iterations (trainer.total_training_steps)")]
+           = None,
+           params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None,
+           port: Annotated[int, typer.Option(help="Prefect server port on 127.0.0.1")] = 4200,
+           keep: Annotated[bool, typer.Option("--keep/--stop", help="keep the server and deployment up after the "
+                                                                   "run (Ctrl-C stops them)")] = False) -> None:
+    """The pipeline as deployed: start a local Prefect server (sqlite) and the process serving
+    `ragen/train-loop`, trigger one training run with `prefect deployment run`, wait for it, report."""
+    from flows.serve import DEPLOYMENT, LocalPrefect
+
+    cfg = _config(params, preset, overrides)  # a bad setting fails here, before any server starts
+    flow_params = {"run_name": run, "params": str(params) if params else "params.yaml", "preset": preset or [],
+                   "overrides": overrides or [], "iterations": iterations}
+    if not params and not Path("params.yaml").is_file():
+        flow_params["params"] = None
+    t0 = time.monotonic()
+    with LocalPrefect(port=port) as local:
+        typer.echo(f"Prefect server on http://127.0.0.1:{port} (UI and API), serving {DEPLOYMENT}; logs in "
+                   f"runs/prefect/; training run {run!r} ({cfg.trainer.total_training_steps} iterations)")
+        r = local.run(flow_params)
+        typer.echo(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr.strip())
+        typer.echo(f"wall time {time.monotonic() - t0:.0f} s; MLflow: `make mlflow-ui` then http://127.0.0.1:5000")
+        if r.returncode != 0:
+            typer.secho(f"the flow run did not complete:\n{r.stdout[-2000:]}{r.stderr[-2000:]}", err=True, fg="red")
+            raise typer.Exit(1)
+        if keep:
+            typer.echo("serving until Ctrl-C")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
 
 
 @app.command("rollout")

@@ -6,6 +6,7 @@ and in ``<run>/tracking-failures.jsonl``; the iteration's data is already on dis
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -121,10 +122,21 @@ def log_iteration(cfg: Config, run: RunDir, run_id: str, k: int, metrics: dict[s
             client.set_tag(run_id, name, md5)
     rollouts = run.iteration(k) / "rollouts.parquet"
     if rollouts.is_file():
-        html = render_trajectories_html(read_rollouts(rollouts), n=8, title=f"{run.root.name}: iteration {k}")
+        m = cfg.model
+        html = render_trajectories_html(read_rollouts(rollouts), n=8, title=f"{run.root.name}: iteration {k}",
+                                        decode=_decoder(m.base, m.tokenizer, m.trust_remote_code))
         client.log_text(run_id, html, f"trajectories/iter_{k:05d}.html")
     if any(key.startswith("val/") for key in metrics):
         _log_plots(client, run, run_id)
+
+
+@functools.cache
+def _decoder(base: str, tokenizer: str | None, trust_remote_code: bool) -> Any:
+    """Token ids -> text for the trajectory pages (the rollouts table stores ids); loaded once per process."""
+    from ragen.models import load_tokenizer
+
+    tok = load_tokenizer(base, tokenizer, trust_remote_code)
+    return lambda ids: tok.decode(list(ids), skip_special_tokens=True)
 
 
 def _log_plots(client: Any, run: RunDir, run_id: str) -> None:

@@ -1,0 +1,139 @@
+"""Deployment ``ragen/train-loop`` on a local Prefect server.
+
+Why ``flow.serve`` and not a work pool + worker: one long-lived process both registers the deployment and
+executes its runs (each in a fresh subprocess, so a vLLM/DeepSpeed run never shares memory with the next), with
+no pool to create, no worker to keep in sync with the code, and nothing to go stale between them. ``limit=1``:
+one heavy training run at a time on this machine; later triggers queue. Process/Docker/Kubernetes pools are for
+scale-out (infra/).
+
+``LocalPrefect`` starts ``prefect server start`` (sqlite under PREFECT_HOME, bound to 127.0.0.1) and the
+serving process, and stops both; ``python -m flows.serve`` is the serving process itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEPLOYMENT = "ragen/train-loop"
+
+
+def _bin(name: str) -> str:
+    """A console script of this environment (prefect, dvc, mlflow), next to the running interpreter."""
+    p = Path(sys.executable).with_name(name)
+    return str(p) if p.exists() else name
+
+
+def healthy(api_url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@dataclass
+class LocalPrefect:
+    """A local Prefect server and the process serving ``ragen/train-loop``; ``with LocalPrefect(...) as p:``."""
+
+    port: int = 4200
+    home: Path | None = None  # PREFECT_HOME (its sqlite database); default: the user's ~/.prefect
+    cwd: Path = field(default_factory=Path.cwd)  # where flow runs execute (the project root)
+    logs: Path | None = None  # server.log and serve.log here; default: <cwd>/runs/prefect
+    startup_timeout: float = 180.0
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ, PREFECT_API_URL=self.api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
+                   PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(self.port))
+        if self.home is not None:
+            env["PREFECT_HOME"] = str(self.home)
+        return env
+
+    def _spawn(self, args: list[str], log: str) -> subprocess.Popen:
+        logs = self.logs or self.cwd / "runs" / "prefect"
+        logs.mkdir(parents=True, exist_ok=True)
+        out = (logs / log).open("ab")
+        p = subprocess.Popen(args, cwd=self.cwd, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)  # own process group: stop() takes its children too
+        self.procs.append(p)
+        return p
+
+    def _wait(self, ready: Any, what: str, proc: subprocess.Popen, log: str) -> None:
+        t0 = time.monotonic()
+        while not ready():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with code {proc.returncode}; see {self._log(log)}")
+            if time.monotonic() - t0 > self.startup_timeout:
+                raise TimeoutError(f"{what} not ready after {self.startup_timeout:.0f} s; see {self._log(log)}")
+            time.sleep(1.0)
+
+    def _log(self, name: str) -> Path:
+        return (self.logs or self.cwd / "runs" / "prefect") / name
+
+    def start(self) -> LocalPrefect:
+        if healthy(self.api_url):
+            raise RuntimeError(f"a Prefect server already answers on {self.api_url}: stop it or choose --port")
+        server = self._spawn([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.port),
+                              "--analytics-off"], "server.log")
+        self._wait(lambda: healthy(self.api_url), "the Prefect server", server, "server.log")
+        serve = self._spawn([sys.executable, "-m", "flows.serve"], "serve.log")
+        self._wait(self.deployment_ready, f"the process serving {DEPLOYMENT}", serve, "serve.log")
+        return self
+
+    def deployment_ready(self) -> bool:
+        r = subprocess.run([_bin("prefect"), "deployment", "inspect", DEPLOYMENT], env=self.env(), cwd=self.cwd,
+                           capture_output=True, text=True, timeout=60)
+        return r.returncode == 0
+
+    def run(self, params: dict[str, Any], timeout: float | None = None) -> subprocess.CompletedProcess:
+        """``prefect deployment run ragen/train-loop --params ... --watch``: returns when the run is terminal."""
+        args = [_bin("prefect"), "deployment", "run", DEPLOYMENT, "--params", json.dumps(params), "--watch"]
+        if timeout is not None:
+            args += ["--watch-timeout", str(int(timeout))]
+        return subprocess.run(args, env=self.env(), cwd=self.cwd, capture_output=True, text=True)
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)  # serve pauses its schedules and exits; the server shuts down
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self.procs.clear()
+
+    def __enter__(self) -> LocalPrefect:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main() -> None:
+    from flows.train_loop import train_loop
+
+    # parameters default to the flow's: params.yaml of the working directory, run "default"
+    train_loop.serve(name="train-loop", limit=1, description="StarPO(-S) training run (one subflow per iteration)",
+                     tags=["ragen"], print_starting_message=True)
+
+
+if __name__ == "__main__":
+    main()
