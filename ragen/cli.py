@@ -119,7 +119,10 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
               params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None,
               prefect: Annotated[bool, typer.Option("--prefect/--no-prefect",
                                                     help="run as the Prefect flow `ragen` (in-process, no server "
-                                                         "needed) or as plain calls")] = True) -> None:
+                                                         "needed) or as plain calls")] = True,
+              summary: Annotated[Path | None, typer.Option(help="write the run's final metrics here as JSON (the "
+                                                                "dvc.yaml train stage's metrics file)")] = None,
+              ) -> None:
     """Train (or continue) a run: rollouts -> update -> eval per iteration, each iteration saved under runs/."""
     from ragen.run.loop import with_iterations
     from ragen.run.rundir import ResumeError
@@ -141,6 +144,8 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
     except ResumeError as e:
         typer.secho(str(e), err=True, fg="red")
         raise typer.Exit(2) from None
+    if summary is not None:
+        _write_summary(Path(root), summary)
     if not done:
         typer.echo(f"run {root} is already complete ({cfg.trainer.total_training_steps} iterations)")
         return
@@ -148,6 +153,19 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
     for k in ("val/score", "actor/grad_norm", "timing_s/iteration"):
         if last and k in last:
             typer.echo(f"  {k:24s} {last[k]:.4f}")
+
+
+def _write_summary(root: Path, out: Path) -> None:
+    """The last completed iteration's metrics (and its evaluation) of a run, as one flat JSON object."""
+    from ragen.run.rundir import RunDir
+
+    run = RunDir(root)
+    done = run.completed()
+    data: dict[str, object] = {"run_dir": str(root), "iterations": len(done)}
+    if done:
+        data.update(json.loads((run.iteration(done[-1]) / "metrics.json").read_text()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 @app.command("up")
@@ -158,27 +176,41 @@ def up_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>
            params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None,
            port: Annotated[int, typer.Option(help="Prefect server port on 127.0.0.1")] = 4200,
            keep: Annotated[bool, typer.Option("--keep/--stop", help="keep the server and deployment up after the "
-                                                                   "run (Ctrl-C stops them)")] = False) -> None:
+                                                                   "run (Ctrl-C stops them)")] = False,
+           trigger: Annotated[bool, typer.Option("--trigger/--no-trigger", help="trigger a training run (else only "
+                                                                              "serve: implies --keep)")] = True,
+           ) -> None:
     """The pipeline as deployed: start a local Prefect server (sqlite) and the process serving
     `ragen/train-loop`, trigger one training run with `prefect deployment run`, wait for it, report."""
     from flows.serve import DEPLOYMENT, LocalPrefect
+    from ragen.run.loop import with_iterations
 
-    cfg = _config(params, preset, overrides)  # a bad setting fails here, before any server starts
-    flow_params = {"run_name": run, "params": str(params) if params else "params.yaml", "preset": preset or [],
+    if params is None and Path("params.yaml").is_file():
+        params = Path("params.yaml")  # the flow's default too
+    cfg = _config(params, preset, with_iterations(overrides, iterations))  # fails here, before any server starts
+    flow_params = {"run_name": run, "params": str(params) if params else None, "preset": preset or [],
                    "overrides": overrides or [], "iterations": iterations}
-    if not params and not Path("params.yaml").is_file():
-        flow_params["params"] = None
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # `kill` stops the server, the serving process and its runs like Ctrl-C does
+
+    signal.signal(signal.SIGTERM, stop)
     t0 = time.monotonic()
     with LocalPrefect(port=port) as local:
         typer.echo(f"Prefect server on http://127.0.0.1:{port} (UI and API), serving {DEPLOYMENT}; logs in "
                    f"runs/prefect/; training run {run!r} ({cfg.trainer.total_training_steps} iterations)")
-        r = local.run(flow_params)
-        typer.echo(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr.strip())
-        typer.echo(f"wall time {time.monotonic() - t0:.0f} s; MLflow: `make mlflow-ui` then http://127.0.0.1:5000")
-        if r.returncode != 0:
-            typer.secho(f"the flow run did not complete:\n{r.stdout[-2000:]}{r.stderr[-2000:]}", err=True, fg="red")
-            raise typer.Exit(1)
-        if keep:
+        if trigger:
+            typer.echo(f"triggering: prefect deployment run {DEPLOYMENT} --params '{json.dumps(flow_params)}' --watch")
+            r = local.run(flow_params)
+            typer.echo(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr.strip())
+            typer.echo(f"wall time {time.monotonic() - t0:.0f} s; MLflow: `make mlflow-ui`, then "
+                       f"http://127.0.0.1:5000")
+            if r.returncode != 0:
+                typer.secho(f"the flow run did not complete:\n{r.stdout[-2000:]}{r.stderr[-2000:]}", err=True,
+                            fg="red")
+                raise typer.Exit(1)
+        if keep or not trigger:
             typer.echo("serving until Ctrl-C")
             try:
                 while True:
@@ -272,11 +304,31 @@ def bench_train_cmd(as_json: Annotated[bool, typer.Option("--json", help="print 
     _print_result(result, as_json)
 
 
+@bench_app.command("pipeline")
+def bench_pipeline_cmd(as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+                       iterations: Annotated[int, typer.Option(help="iterations, alternating plain / orchestrated")]
+                       = 4,
+                       params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None) -> None:
+    """Share of an iteration's wall time spent in orchestration (Prefect + MLflow + DVC) vs plain calls, in one
+    run at the given preset (default cpu-small) in a temporary DVC repo and MLflow database."""
+    from flows.bench_pipeline import bench_pipeline
+
+    _config(params, preset or ["cpu-small"], overrides)  # bad settings fail before any model loads
+    result = bench_pipeline(str(params) if params else None, preset or ["cpu-small"], overrides or [], iterations)
+    if not as_json:
+        result.pop("rows")
+    _print_result(result, as_json)
+
+
 @models_app.command("prepare")
 def models_prepare(base: Annotated[str, typer.Option(help="model alias (smollm2-135m-instruct, tiny-random-llama), "
-                                                       "local path or hub id")] = "smollm2-135m-instruct") -> None:
+                                                       "local path or hub id")] = "smollm2-135m-instruct",
+                   manifest: Annotated[Path | None, typer.Option(help="also write a JSON manifest (path, sha256 of "
+                                                                      "each file): the dvc.yaml stage's output")]
+                   = None) -> None:
     """Build a model's weights once into the cache (the bundled SmolLM2 from its GGUF file; the tiny test model
     from scratch) and verify it; a no-op when already built."""
+    import hashlib
     import time
 
     from ragen.models import ensure_model
@@ -290,6 +342,18 @@ def models_prepare(base: Annotated[str, typer.Option(help="model alias (smollm2-
     marker = Path(path) / "ragen-prepared.json"
     note = f" (verified: {json.loads(marker.read_text())['verify_answer']!r})" if marker.is_file() else ""
     typer.echo(f"{base}: ready at {path} in {time.perf_counter() - t0:.1f} s{note}")
+    if manifest is not None:
+        files = {}
+        for f in sorted(Path(path).rglob("*")):
+            if f.is_file() and f.name != "ragen-prepared.json":
+                h = hashlib.sha256()
+                with f.open("rb") as fh:
+                    for chunk in iter(lambda fh=fh: fh.read(1 << 22), b""):
+                        h.update(chunk)
+                files[str(f.relative_to(path))] = h.hexdigest()
+        manifest.parent.mkdir(parents=True, exist_ok=True)
+        manifest.write_text(json.dumps({"base": base, "path": str(path), "sha256": files}, indent=1) + "\n")
+        typer.echo(f"manifest: {manifest}")
 
 
 @models_app.command("tokenizer")

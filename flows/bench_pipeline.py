@@ -1,0 +1,131 @@
+"""``ragen bench pipeline``: what orchestration (Prefect + MLflow + DVC) costs per iteration, in one run.
+
+One run alternates iterations done as plain calls (ragen.run.loop.run_iteration) and as the deployed path (the
+``iteration`` subflow over Prefect tasks, then DVC versioning and MLflow logging). The stage functions of
+ragen.run.iteration are timed on both paths, so an orchestrated iteration's overhead is exactly its wall time
+minus the time spent inside the stages; the share is that overhead over the iteration's wall time.
+
+Checkpoint versioning happens on every checkpoint_every-th iteration only, so it is measured once (dvc add + push
+of a real checkpoint) and reported amortised over checkpoint_every, beside the per-iteration numbers. The
+Prefect start-up of a process (ephemeral API) is paid once per run and reported on its own."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ragen.run import iteration as it
+
+STAGES = ("generate_instances", "collect_rollouts", "filter_batch", "update_policy", "evaluate", "finish_iteration")
+
+
+@contextlib.contextmanager
+def timed_stages(spent: list[float]) -> Iterator[None]:
+    """Time every stage function, whichever path (plain loop or Prefect task) calls it."""
+    originals = {name: getattr(it, name) for name in STAGES}
+
+    def timed(fn: Any) -> Any:
+        def inner(*a: Any, **kw: Any) -> Any:
+            t0 = time.monotonic()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent.append(time.monotonic() - t0)
+        return inner
+
+    try:
+        for name, fn in originals.items():
+            setattr(it, name, timed(fn))
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(it, name, fn)
+
+
+def _dvc_repo(root: Path) -> None:
+    dvc = str(Path(sys.executable).with_name("dvc"))
+    root.mkdir(parents=True)
+    for cmd in (["git", "init", "-q"], [dvc, "init", "-q"], [dvc, "remote", "add", "-d", "local", str(root.parent /
+                "remote")], [dvc, "config", "cache.type", "hardlink,symlink,copy"],
+                [dvc, "config", "core.analytics", "false"]):
+        subprocess.run(cmd, cwd=root, check=True, capture_output=True)
+
+
+def bench_pipeline(params: str | None, presets: list[str], overrides: list[str], iterations: int = 4
+                   ) -> dict[str, Any]:
+    from prefect import flow
+
+    from flows.train_loop import iteration_flow
+    from ragen.config import load_config
+    from ragen.run.loop import open_run, run_iteration
+    from tasks import tracking, versioning
+
+    with tempfile.TemporaryDirectory(prefix="ragen-bench-") as tmp:
+        root = Path(tmp) / "repo"
+        _dvc_repo(root)
+        # total_training_steps far beyond the bench: no iteration is the final one (its checkpoint would be
+        # versioned as a checkpoint iteration's is; that cost is measured separately below)
+        cfg = load_config(params, presets, [*overrides, f"trainer.run_dir={root / 'runs'}",
+                                            "trainer.total_training_steps=100000", "trainer.val_before_train=false",
+                                            f"trainer.test_freq={max(iterations, 1) * 1000}",
+                                            f"tracking.mlflow_tracking_uri=sqlite:///{Path(tmp) / 'mlflow.db'}",
+                                            f"tracking.mlflow_artifact_location={Path(tmp) / 'mla'}"])
+        run, rt, _ = open_run(cfg, "bench")
+        rt.open()
+        try:
+            t0 = time.monotonic()
+            flow(name="bench-warmup")(lambda: None)()  # the process's Prefect start-up, paid once per run
+            startup = time.monotonic() - t0
+            versioning.check_remote(cfg, run)
+            run_id = tracking.start_tracking(cfg, run)
+            rows = []
+            for k in range(iterations):
+                mode = "plain" if k % 2 == 0 else "orchestrated"
+                spent: list[float] = []
+                with timed_stages(spent):
+                    t0 = time.monotonic()
+                    if mode == "plain":
+                        m = run_iteration(rt, run, k, 100000 - 1)
+                    else:
+                        m = iteration_flow(rt, run, k, 100000 - 1, run_id)
+                    wall = time.monotonic() - t0
+                rows.append({"iteration": k, "mode": mode, "wall_s": wall, "stages_s": sum(spent),
+                             "dvc_s": m.get("timing_s/version", 0.0), "mlflow_s": m.get("timing_s/log", 0.0)})
+            # a checkpoint iteration's extra cost: dvc add + push of the latest real checkpoint
+            k = iterations - 1
+            t0 = time.monotonic()
+            from dvc.repo import Repo
+
+            with Repo(str(root)) as repo:
+                repo.add([str(run.state(k).resolve())])
+                repo.push(targets=[str(run.pointer(run.state(k)).resolve())])
+            ckpt = time.monotonic() - t0
+            size = sum(p.stat().st_size for p in run.state(k).rglob("*") if p.is_file())
+        finally:
+            rt.close()
+    plain = [r for r in rows if r["mode"] == "plain"]
+    orch = [r for r in rows if r["mode"] == "orchestrated"]
+    over = [r["wall_s"] - r["stages_s"] for r in orch]
+    mean_wall = statistics.fmean(r["wall_s"] for r in orch) if orch else float("nan")
+    per_iter = statistics.fmean(over) if over else float("nan")
+    every = cfg.trainer.checkpoint_every
+    return {
+        "preset": ",".join(cfg.preset), "iterations": iterations,
+        "plain_iteration_s": statistics.fmean(r["wall_s"] for r in plain) if plain else float("nan"),
+        "orchestrated_iteration_s": mean_wall,
+        "orchestration_s_per_iteration": per_iter,
+        "of_which_dvc_s": statistics.fmean(r["dvc_s"] for r in orch) if orch else float("nan"),
+        "of_which_mlflow_s": statistics.fmean(r["mlflow_s"] for r in orch) if orch else float("nan"),
+        "orchestration_share": per_iter / mean_wall,
+        "checkpoint_version_s": ckpt, "checkpoint_gb": size / 1e9, "checkpoint_every": every,
+        "orchestration_share_with_checkpoints": (per_iter + ckpt / every) / (mean_wall + ckpt / every),
+        "prefect_startup_s": startup, "target_share": 0.05,
+        "rows": rows,
+    }
