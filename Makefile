@@ -39,7 +39,7 @@ serve: setup
 
 ## mlflow-ui: the MLflow UI over this project's runs on http://127.0.0.1:5000
 mlflow-ui: setup
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000 --workers 1
 
 ## test: lint + the whole test suite
 test: setup

@@ -174,7 +174,6 @@ def register_model(cfg: Config, run: RunDir, run_id: str) -> dict[str, Any] | No
     ev = run.iteration(k) / "eval.json"
     score = json.loads(ev.read_text()).get("val/score") if ev.is_file() else None
     client = _client(cfg)
-    client.log_artifacts(run_id, str(run.state(k) / "actor"), "model")
     name = model_name(cfg)
     from mlflow.exceptions import MlflowException
 
@@ -182,10 +181,15 @@ def register_model(cfg: Config, run: RunDir, run_id: str) -> dict[str, Any] | No
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(name, description="final actors of ragen training runs")
+    for v in client.search_model_versions(f"name='{name}'"):
+        if v.run_id == run_id and v.tags.get("iteration") == str(k):  # a restart of a finished run: done already
+            return {"name": name, "version": int(v.version), "val_score": score, "champion": None}
+    where = f"model/iter_{k:05d}"  # per iteration: a continued run's next version must not overwrite this one
+    client.log_artifacts(run_id, str(run.state(k) / "actor"), where)
     tags = {"iteration": str(k), "run_dir": str(run.root)}
     if score is not None:
         tags["val_score"] = repr(float(score))
-    mv = client.create_model_version(name, f"{client.get_run(run_id).info.artifact_uri}/model", run_id=run_id,
+    mv = client.create_model_version(name, f"{client.get_run(run_id).info.artifact_uri}/{where}", run_id=run_id,
                                      tags=tags)
     try:
         current = client.get_model_version_by_alias(name, CHAMPION)

@@ -87,6 +87,8 @@ def test_flow_versions_tracks_and_continues_a_run(harness, dvc_repo, tmp_path):
     assert {"config.yaml", "params.yaml", "trajectories", "plots", "model"} <= arts
     traj = {a.path for a in client.list_artifacts(r.info.run_id, "trajectories")}
     assert traj == {"trajectories/iter_00000.html", "trajectories/iter_00001.html"}
+    page = Path(client.download_artifacts(r.info.run_id, "trajectories/iter_00000.html", str(tmp_path))).read_text()
+    assert "<pre class=\"state\">" in page and "stores token ids" not in page  # decoded, not the fallback note
     assert any(a.path.endswith(".png") for a in client.list_artifacts(r.info.run_id, "plots"))
     versions = client.search_model_versions("name='flow-test-actor'")
     assert sorted(int(v.version) for v in versions) == [1, 2]
@@ -122,3 +124,17 @@ def test_ragen_train_cli_runs_the_flow_and_reports_a_finished_run(harness, tmp_p
     assert r.exit_code == 0 and "already complete" in r.output
     r = CliRunner().invoke(app, [*args[:-1], "actor.lr=0.5"])
     assert r.exit_code == 2 and "actor.lr" in r.output
+
+
+def test_tracking_failures_are_reported_and_never_stop_training(harness, tmp_path):
+    from flows.train_loop import train_loop
+
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the MLflow database's folder should be")
+    over = [*TINY, f"trainer.run_dir={tmp_path}", f"tracking.mlflow_tracking_uri=sqlite:///{blocked / 'm.db'}",
+            "trainer.val_before_train=false", "tracking.dvc=false"]
+    out = train_loop(run_name="nolog", params=None, preset=["cpu-small"], overrides=over, iterations=1)
+    assert out["iterations"] == [0] and out["mlflow_run_id"] is None
+    assert (tmp_path / "nolog" / "iter_00000" / "COMPLETE").is_file()
+    failures = (tmp_path / "nolog" / "tracking-failures.jsonl").read_text()
+    assert "MLflow start" in failures

@@ -57,7 +57,9 @@ def plot_training_curves(metrics: Mapping[int, Mapping[str, float]], out: Path) 
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
         for key, ys in lines.items():
-            ax.plot(xs, ys, marker="o", markersize=3, label=key)
+            # a series logged only on some iterations (val/ every test_freq) is drawn through its own points
+            pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y == y]
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3, label=key)
         ax.set(xlabel="iteration", ylabel=_YLABEL[family], title=family.replace("_", " "))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
