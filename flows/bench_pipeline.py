@@ -14,13 +14,13 @@ from __future__ import annotations
 import contextlib
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from flows.serve import _bin
 from ragen.run import iteration as it
 
 STAGES = ("generate_instances", "collect_rollouts", "filter_batch", "update_policy", "evaluate", "finish_iteration")
@@ -50,7 +50,8 @@ def timed_stages(spent: list[float]) -> Iterator[None]:
 
 
 def _dvc_repo(root: Path) -> None:
-    dvc = str(Path(sys.executable).with_name("dvc"))
+    """A git + DVC repo with a local remote beside it (as tests/conftest.py's fixture makes for the tests)."""
+    dvc = _bin("dvc")
     root.mkdir(parents=True)
     for cmd in (["git", "init", "-q"], [dvc, "init", "-q"], [dvc, "remote", "add", "-d", "local", str(root.parent /
                 "remote")], [dvc, "config", "cache.type", "hardlink,symlink,copy"],
@@ -62,11 +63,13 @@ def bench_pipeline(params: str | None, presets: list[str], overrides: list[str],
                    ) -> dict[str, Any]:
     from prefect import flow
 
-    from flows.train_loop import iteration_flow
+    from flows.train_loop import RUNTIMES, iteration_flow
     from ragen.config import load_config
     from ragen.run.loop import open_run, run_iteration
     from tasks import tracking, versioning
 
+    if iterations < 2:
+        raise ValueError(f"iterations must be >= 2 (one plain, one orchestrated), got {iterations}")
     with tempfile.TemporaryDirectory(prefix="ragen-bench-") as tmp:
         root = Path(tmp) / "repo"
         _dvc_repo(root)
@@ -94,8 +97,11 @@ def bench_pipeline(params: str | None, presets: list[str], overrides: list[str],
                     if mode == "plain":
                         m = run_iteration(rt, run, k, 100000 - 1)
                     else:
-                        m = iteration_flow(rt, run, k, 100000 - 1, run_id)
+                        RUNTIMES[str(run.root)] = rt
+                        m = iteration_flow(str(run.root), k, 100000 - 1, run_id)
                     wall = time.monotonic() - t0
+                if mode == "plain":  # untimed: the next orchestrated iteration must version only its own data
+                    versioning.version(cfg, run, k, 100000 - 1)
                 rows.append({"iteration": k, "mode": mode, "wall_s": wall, "stages_s": sum(spent),
                              "dvc_s": m.get("timing_s/version", 0.0), "mlflow_s": m.get("timing_s/log", 0.0)})
             # a checkpoint iteration's extra cost: dvc add + push of the latest real checkpoint

@@ -11,6 +11,7 @@ serving process, and stops both; ``python -m flows.serve`` is the serving proces
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 DEPLOYMENT = "ragen/train-loop"
+_LAUNCHER_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
 def _bin(name: str) -> str:
@@ -55,7 +57,10 @@ class LocalPrefect:
         return f"http://127.0.0.1:{self.port}/api"
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ, PREFECT_API_URL=self.api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        # a served run is its own 1-process job: a caller's torch.distributed variables (its MASTER_PORT is in
+        # use by the caller) must not leak into it
+        env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+        env.update(PREFECT_API_URL=self.api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
                    PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(self.port))
         if self.home is not None:
             env["PREFECT_HOME"] = str(self.home)
@@ -64,9 +69,9 @@ class LocalPrefect:
     def _spawn(self, args: list[str], log: str) -> subprocess.Popen:
         logs = self.logs or self.cwd / "runs" / "prefect"
         logs.mkdir(parents=True, exist_ok=True)
-        out = (logs / log).open("ab")
-        p = subprocess.Popen(args, cwd=self.cwd, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True)  # own process group: stop() takes its children too
+        with (logs / log).open("ab") as out:  # the child keeps its own copy of the descriptor
+            p = subprocess.Popen(args, cwd=self.cwd, env=self.env(), stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)  # own process group: stop() takes its children too
         self.procs.append(p)
         return p
 
@@ -98,22 +103,34 @@ class LocalPrefect:
         return r.returncode == 0
 
     def run(self, params: dict[str, Any], timeout: float | None = None) -> subprocess.CompletedProcess:
-        """``prefect deployment run ragen/train-loop --params ... --watch``: returns when the run is terminal."""
+        """``prefect deployment run ragen/train-loop --params ... --watch``: returns when the run is terminal, or
+        raises if the server or the serving process dies meanwhile (the run would wait for ever)."""
         args = [_bin("prefect"), "deployment", "run", DEPLOYMENT, "--params", json.dumps(params), "--watch"]
         if timeout is not None:
             args += ["--watch-timeout", str(int(timeout))]
-        return subprocess.run(args, env=self.env(), cwd=self.cwd, capture_output=True, text=True)
+        with subprocess.Popen(args, env=self.env(), cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) as watch:
+            while True:
+                try:
+                    out, err = watch.communicate(timeout=5)
+                    return subprocess.CompletedProcess(args, watch.returncode, out, err)
+                except subprocess.TimeoutExpired:
+                    dead = [p for p in self.procs if p.poll() is not None]
+                    if dead:
+                        watch.kill()
+                        raise RuntimeError(f"{' '.join(dead[0].args[:3])} exited (code {dead[0].returncode}) "
+                                           f"while the run was in progress; see {self._log('serve.log')}") from None
 
     def stop(self) -> None:
+        """SIGTERM to each process group (also when its leader is gone: its children keep the port), SIGKILL to
+        what is still there after 30 s."""
         for p in reversed(self.procs):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)  # serve pauses its schedules and exits; the server shuts down
+            _killpg(p.pid, signal.SIGTERM)
         for p in reversed(self.procs):
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            _killpg(p.pid, signal.SIGKILL)
+            p.wait()
         self.procs.clear()
 
     def __enter__(self) -> LocalPrefect:
@@ -125,6 +142,11 @@ class LocalPrefect:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ control flow of ragen.run.loop. Deployment ``train-loop`` serves it (``prefect d
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -15,13 +16,20 @@ from ragen.run.iteration import Runtime
 from ragen.run.rundir import RunDir
 from tasks import stages, tracking, versioning
 
+# Runtimes of the flow runs in this process, by run directory: a subflow gets the key, never the object, since
+# Prefect encodes (deep-copies) flow parameters to record them, and the engines and trainer must not be copied.
+RUNTIMES: dict[str, Runtime] = {}
 
-@flow(name="iteration", flow_run_name="iteration-{k}", persist_result=False, validate_parameters=False)
-def iteration_flow(rt: Runtime, run: RunDir, k: int, last: int, run_id: str | None = None) -> dict[str, float]:
+
+@flow(name="iteration", flow_run_name="iteration-{k}", persist_result=False)
+def iteration_flow(run_root: str, k: int, last: int, run_id: str | None = None) -> dict[str, float]:
     """The stages, then (once the iteration is complete on disk) DVC versioning and MLflow logging: both are
     retried and, failing that, reported; neither can undo or stop the iteration."""
-    metrics = loop.run_iteration(rt, run, k, last, ops=stages)
+    rt, run = RUNTIMES[run_root], RunDir(Path(run_root))
     cfg = rt.cfg
+    if cfg.tracking.dvc:
+        versioning.forget(run, k)  # recomputing an iteration (after a manual rollback): its old pointers go
+    metrics = loop.run_iteration(rt, run, k, last, ops=stages)
     if cfg.tracking.dvc:
         t0 = time.monotonic()
         metrics.update(tracking.reported(run, f"DVC versioning of iteration {k}", versioning.version_iteration,
@@ -58,7 +66,11 @@ def train_loop(run_name: str = "default", params: str | None = "params.yaml", pr
                  m.get("actor/grad_norm", float("nan")), m["timing_s/iteration"])
 
     def step(rt: Runtime, run_: RunDir, k: int, last: int) -> dict[str, float]:
-        return iteration_flow(rt, run_, k, last, run_id)
+        RUNTIMES[str(run_.root)] = rt
+        try:
+            return iteration_flow(str(run_.root), k, last, run_id)
+        finally:
+            RUNTIMES.pop(str(run_.root), None)
 
     try:
         res = loop.train_loop(cfg, run_name, ops=stages, iteration=step, on_iteration=report)

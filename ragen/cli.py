@@ -112,8 +112,8 @@ def envs_instances(out: Annotated[Path, typer.Option(help="output parquet file")
 
 
 @app.command("train")
-def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>; an existing run continues")]
-              = "default",
+def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>; an existing run continues; "
+                                                          "'auto' = named after the config's hash")] = "default",
               iterations: Annotated[int | None, typer.Option(help="total iterations (trainer.total_training_steps)")]
               = None,
               params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None,
@@ -128,9 +128,17 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
     from ragen.run.rundir import ResumeError
 
     cfg = _config(params, preset, with_iterations(overrides, iterations))
+    if run == "auto":  # dvc repro after a params.yaml edit: a new run, not a refused restart of the old one
+        from ragen.run.rundir import config_name
+
+        run = config_name(cfg)
+    errors: tuple[type[Exception], ...] = (ResumeError,)
     try:
         if prefect:
             from flows.train_loop import train_loop
+            from tasks.versioning import VersioningError
+
+            errors = (ResumeError, VersioningError)
 
             out = train_loop(run_name=run, params=str(params) if params else None, preset=preset or [],
                              overrides=overrides or [], iterations=iterations)
@@ -141,7 +149,7 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
             res = plain_loop(cfg, run)
             done, root = res.iterations, res.run.root
             last = res.metrics[done[-1]] if done else None
-    except ResumeError as e:
+    except errors as e:
         typer.secho(str(e), err=True, fg="red")
         raise typer.Exit(2) from None
     if summary is not None:

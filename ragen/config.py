@@ -177,7 +177,6 @@ class TrainerConfig(_Section):
     test_freq: int = Field(10, ge=1, description="validate every N iterations (and at the end)")
     val_before_train: bool = True
     checkpoint_every: int = Field(10, ge=1, description="save a checkpoint every N iterations (and at the end)")
-    keep_checkpoints: int = Field(2, ge=1, description="besides the latest and the best")
     seed: int = Field(0, ge=0, description="run seed for sampling and initialisation")
     run_dir: str = "runs"
     critic_warmup: int = Field(0, ge=0)

@@ -7,6 +7,7 @@ and in ``<run>/tracking-failures.jsonl``; the iteration's data is already on dis
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import re
@@ -23,9 +24,10 @@ from prefect.cache_policies import NO_CACHE
 
 from ragen.config import Config, config_to_dict, flatten
 from ragen.run.iteration import EVAL_INIT
-from ragen.run.rundir import RunDir
+from ragen.run.rundir import MARKER, RunDir, write_text_atomic
 
-RUN_ID = "mlflow-run-id"
+RUN_ID = "mlflow-run-id"  # the run id, then the tracking URI it lives at
+LOGGED = "mlflow-logged.json"  # iterations whose metrics reached MLflow
 CHAMPION = "champion"
 FAILURES = "tracking-failures.jsonl"
 _BAD_NAME = re.compile(r"[^\w\-. :/]")
@@ -61,14 +63,16 @@ def start_tracking(cfg: Config, run: RunDir) -> str:
     client = _client(cfg)
     id_file = run.root / RUN_ID
     if id_file.is_file():
-        run_id = id_file.read_text().strip()
-        client.update_run(run_id, status="RUNNING")
-        return run_id
+        run_id, _, uri = id_file.read_text().strip().partition("\n")
+        if uri in ("", cfg.tracking.mlflow_tracking_uri):  # else: logged elsewhere now, start a run there
+            client.update_run(run_id, status="RUNNING")
+            return run_id
     tags = {"git_commit": git_commit(), "preset": ",".join(cfg.preset) or "none",
-            "experiment": cfg.tracking.experiment, "run_dir": str(run.root),
-            # the git revision of the repo holding the run's .dvc pointers; per-iteration hashes: dvc/... tags
-            "dvc_revision": git_commit(run.root) if cfg.tracking.dvc else "off"}
+            "experiment": cfg.tracking.experiment, "run_dir": str(run.root)}
     r = client.create_run(experiment_id(client, cfg), run_name=run.root.name, tags=tags)
+    # the id first: a retry after a failed params batch must reuse this run, not create a second one
+    write_text_atomic(id_file, f"{r.info.run_id}\n{cfg.tracking.mlflow_tracking_uri}\n")
+    (run.root / LOGGED).unlink(missing_ok=True)
     from mlflow.entities import Param
 
     params = [Param(k, (v if isinstance(v, str) else json.dumps(v))[:6000])  # MLflow's value length limit
@@ -76,8 +80,12 @@ def start_tracking(cfg: Config, run: RunDir) -> str:
     for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
         client.log_batch(r.info.run_id, params=params[i:i + 100])
     client.log_artifact(r.info.run_id, str(run.root / "config.yaml"))
-    id_file.write_text(r.info.run_id + "\n")
     return r.info.run_id
+
+
+def read_run_id(run: RunDir) -> str | None:
+    p = run.root / RUN_ID
+    return p.read_text().split()[0] if p.is_file() else None
 
 
 def metric_name(key: str) -> str:
@@ -85,14 +93,24 @@ def metric_name(key: str) -> str:
     return _BAD_NAME.sub("_", key.replace("@", "_at_"))
 
 
-def _log_metrics(client: Any, run_id: str, step: int, metrics: dict[str, float]) -> None:
+def _log_metrics(client: Any, run_id: str, step: int, metrics: dict[str, float], when: float | None = None
+                 ) -> None:
     from mlflow.entities import Metric
 
-    now = int(time.time() * 1000)
+    now = int((when if when is not None else time.time()) * 1000)  # a retry logs the same point again, not a new one
     ms = [Metric(metric_name(key), float(v), now, step) for key, v in sorted(metrics.items())
           if isinstance(v, int | float)]
     for i in range(0, len(ms), 1000):
         client.log_batch(run_id, metrics=ms[i:i + 1000])
+
+
+def dvc_revision(run: RunDir) -> str:
+    """One id for everything the run has DVC-versioned so far: a hash over its pointers' content hashes (the
+    per-iteration ``dvc/...`` tags say which object each iteration is)."""
+    h = hashlib.sha256()
+    for p in sorted(run.root.rglob("*.dvc")):
+        h.update(f"{p.relative_to(run.root)}={dvc_md5(run, p.with_suffix(''))}\n".encode())
+    return h.hexdigest()[:16]
 
 
 def dvc_md5(run: RunDir, path: Path) -> str | None:
@@ -104,15 +122,37 @@ def dvc_md5(run: RunDir, path: Path) -> str | None:
     return outs[0].get("md5")
 
 
-@task(name="log_iteration", retries=3, retry_delay_seconds=2, **_OPTS)
+def logged(run: RunDir) -> set[int]:
+    p = run.root / LOGGED
+    return set(json.loads(p.read_text())) if p.is_file() else set()
+
+
+@task(name="log_iteration", retries=3, retry_delay_seconds=2, timeout_seconds=600, **_OPTS)
 def log_iteration(cfg: Config, run: RunDir, run_id: str, k: int, metrics: dict[str, float]) -> None:
-    """Metrics at step k, the DVC hashes of what iteration k versioned (tags), sample trajectories as HTML, and on
-    evaluation iterations the training curves so far. Iteration 0 also logs the pre-training eval at step 0."""
+    """Iteration k, after any earlier completed iteration that never reached MLflow (killed or failed before its
+    logging): each from its metrics.json, then k with the flow's extra timings. The ledger ``mlflow-logged.json``
+    records what was logged."""
+    done = logged(run)
+    for j in run.completed():
+        if j < k and j not in done:
+            _log_one(cfg, run, run_id, j, json.loads((run.iteration(j) / "metrics.json").read_text()))
+            done.add(j)
+    _log_one(cfg, run, run_id, k, metrics)
+    done.add(k)
+    write_text_atomic(run.root / LOGGED, json.dumps(sorted(done)) + "\n")
+
+
+def _log_one(cfg: Config, run: RunDir, run_id: str, k: int, metrics: dict[str, float]) -> None:
+    """Metrics at step k (timestamped by the iteration's completion), the DVC hashes of what it versioned (tags),
+    sample trajectories as HTML, and on evaluation iterations the curves so far. Iteration 0 also logs the
+    pre-training eval at step 0."""
     from ragen.report.trajectories import render_trajectories_html
     from ragen.rollout.table import read_rollouts
 
     client = _client(cfg)
-    _log_metrics(client, run_id, k, metrics)
+    marker = run.iteration(k) / MARKER
+    when = json.loads(marker.read_text()).get("time") if marker.is_file() else None
+    _log_metrics(client, run_id, k, metrics, when)
     init = run.root / EVAL_INIT
     if k == 0 and init.is_file():
         _log_metrics(client, run_id, 0, {f"init/{key}": v for key, v in json.loads(init.read_text()).items()})
@@ -120,6 +160,8 @@ def log_iteration(cfg: Config, run: RunDir, run_id: str, k: int, metrics: dict[s
         md5 = dvc_md5(run, path)
         if md5 is not None:
             client.set_tag(run_id, name, md5)
+    if cfg.tracking.dvc:
+        client.set_tag(run_id, "dvc_revision", dvc_revision(run))
     rollouts = run.iteration(k) / "rollouts.parquet"
     if rollouts.is_file():
         m = cfg.model
@@ -163,7 +205,7 @@ def model_name(cfg: Config) -> str:
     return cfg.tracking.registered_model or f"{cfg.tracking.experiment}-actor"
 
 
-@task(name="register_model", retries=3, retry_delay_seconds=2, **_OPTS)
+@task(name="register_model", retries=3, retry_delay_seconds=2, timeout_seconds=1800, **_OPTS)
 def register_model(cfg: Config, run: RunDir, run_id: str) -> dict[str, Any] | None:
     """Register the final actor (safetensors + tokenizer, loadable as ``model.base``) as a model version; move
     the ``champion`` alias to it only if its final val score beats the current champion's."""
@@ -181,22 +223,22 @@ def register_model(cfg: Config, run: RunDir, run_id: str) -> dict[str, Any] | No
         client.get_registered_model(name)
     except MlflowException:
         client.create_registered_model(name, description="final actors of ragen training runs")
-    for v in client.search_model_versions(f"name='{name}'"):
-        if v.run_id == run_id and v.tags.get("iteration") == str(k):  # a restart of a finished run: done already
-            return {"name": name, "version": int(v.version), "val_score": score, "champion": None}
     where = f"model/iter_{k:05d}"  # per iteration: a continued run's next version must not overwrite this one
-    client.log_artifacts(run_id, str(run.state(k) / "actor"), where)
+    mine = [v for v in client.search_model_versions(f"name='{name}'")
+            if v.run_id == run_id and v.tags.get("iteration") == str(k)]  # a retry, or a restart of a finished run
+    if not mine:
+        client.log_artifacts(run_id, str(run.state(k) / "actor"), where)
     tags = {"iteration": str(k), "run_dir": str(run.root)}
     if score is not None:
         tags["val_score"] = repr(float(score))
-    mv = client.create_model_version(name, f"{client.get_run(run_id).info.artifact_uri}/{where}", run_id=run_id,
-                                     tags=tags)
+    mv = mine[0] if mine else client.create_model_version(
+        name, f"{client.get_run(run_id).info.artifact_uri}/{where}", run_id=run_id, tags=tags)
     try:
         current = client.get_model_version_by_alias(name, CHAMPION)
         best = float(current.tags.get("val_score", "-inf"))
     except MlflowException:
         current, best = None, -math.inf
-    promoted = score is not None and float(score) > best
+    promoted = score is not None and float(score) > best and (current is None or current.version != mv.version)
     if promoted:
         client.set_registered_model_alias(name, CHAMPION, mv.version)
     return {"name": name, "version": int(mv.version), "val_score": score, "champion": promoted,

@@ -8,6 +8,7 @@ each call also versions whatever an earlier, failed or killed call left unversio
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from ragen.config import Config
 from ragen.run.iteration import EVAL_INIT, best_iteration
-from ragen.run.rundir import RunDir, is_checkpoint_iteration, states_to_version
+from ragen.run.rundir import MARKER, RunDir, states_to_version
 
 
 class VersioningError(RuntimeError):
@@ -64,11 +65,22 @@ def pending(run: RunDir, k: int, last: int, checkpoint_every: int) -> list[Path]
         if not run.is_versioned(run.iteration(j)):
             out.append(run.iteration(j))
         st = run.state(j)
-        wanted = states_to_version(j, checkpoint_every, last, best) if j == k else \
-            is_checkpoint_iteration(j, checkpoint_every, last)
-        if wanted and st.is_dir() and not run.is_versioned(st):
+        if states_to_version(j, checkpoint_every, last, best) and st.is_dir() and not run.is_versioned(st):
             out.append(st)
     return out
+
+
+def forget(run: RunDir, k: int) -> list[Path]:
+    """Drop the pointers of iteration k's data and checkpoint when k is about to be computed again (its COMPLETE
+    marker was removed to roll back): they describe the old outputs, and ``pending`` would skip the new ones.
+    The old objects stay in the cache and on the remote."""
+    gone = []
+    for path in (run.iteration(k), run.state(k)):
+        p = run.pointer(path)
+        if p.is_file() and not (run.iteration(k) / MARKER).is_file():
+            p.unlink()
+            gone.append(p)
+    return gone
 
 
 def pointers(run: RunDir) -> list[Path]:
@@ -78,6 +90,9 @@ def pointers(run: RunDir) -> list[Path]:
 def version(cfg: Config, run: RunDir, k: int, last: int) -> dict[str, float]:
     """``dvc add`` what is pending, then push every pointer of the run; returns counts and the time taken."""
     from dvc.repo import Repo
+
+    # DVC's "git add these pointers" hint after every add would bury the flow's log (the README says it once)
+    logging.getLogger("dvc.repo.scm_context").setLevel(logging.WARNING)
 
     t0 = time.monotonic()
     root = dvc_root(run)
@@ -90,7 +105,9 @@ def version(cfg: Config, run: RunDir, k: int, last: int) -> dict[str, float]:
             "timing_s/dvc": time.monotonic() - t0}
 
 
-@task(name="version_iteration", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, persist_result=False)
+# a hung remote (ssh, s3) must not stall training for ever: after the timeout the call is retried, then reported
+@task(name="version_iteration", retries=2, retry_delay_seconds=2, timeout_seconds=1800, cache_policy=NO_CACHE,
+      persist_result=False)
 def version_iteration(cfg: Config, run: RunDir, k: int, last: int) -> dict[str, float]:
     return version(cfg, run, k, last)
 

@@ -58,3 +58,12 @@ def test_loop_writes_each_iteration_and_resumes_exactly(tmp_path):
 
     with pytest.raises(ResumeError, match=r"actor\.lr"):
         train_loop(cfg(tmp_path, 3, "actor.lr=0.1"), "split")
+
+    # a damaged resume checkpoint: the error names the file, how to restore it, and the last good iteration
+    kept = train_loop(cfg(tmp_path, 2, "trainer.checkpoint_every=1"), "damaged").run  # keeps both checkpoints
+    st = kept.state(1) / "actor" / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:1000])  # truncated, e.g. a full disk while copying it back
+    with pytest.raises(ResumeError) as e:
+        train_loop(cfg(tmp_path, 3, "trainer.checkpoint_every=1"), "damaged")
+    msg = str(e.value)
+    assert "checkpoints/iter_00001" in msg and "cannot be loaded" in msg and "last good iteration is 0" in msg

@@ -88,3 +88,12 @@ def test_retention_keeps_latest_best_and_every_nth(tmp_path):
 def test_checkpoints_to_version_are_every_nth_the_last_and_each_new_best():
     assert [k for k in range(7) if states_to_version(k, 3, last=6, best=None)] == [2, 5, 6]
     assert states_to_version(0, 3, last=6, best=0) and not states_to_version(1, 3, last=6, best=0)
+
+
+def test_config_name_changes_with_the_data_settings_only():
+    from ragen.run.rundir import config_name
+
+    a = config_name(load_config(None, ["cpu-small"]))
+    assert a.startswith("p-") and a == config_name(load_config(None, ["cpu-small"]))
+    assert a == config_name(load_config(None, ["cpu-small"], ["trainer.total_training_steps=99", "tracking.dvc=false"]))
+    assert a != config_name(load_config(None, ["cpu-small"], ["actor.lr=0.5"]))

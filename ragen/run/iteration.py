@@ -35,10 +35,14 @@ class Runtime:
     def open(self) -> Runtime:
         try:
             return self._open()
-        except ResumeError:
+        except (ResumeError, MemoryError):
             raise
-        except Exception as e:  # a damaged resume checkpoint: name it and the fallback, not a loader traceback
-            if self.resume is None or self.run is None:
+        except Exception as e:  # loaders raise many kinds (SafetensorError, OSError, RuntimeError, ...) on a bad file
+            # the resume checkpoint is blamed unless the error is plainly elsewhere: out of memory, or a missing
+            # file outside the checkpoint (e.g. the base model); those pass through unchanged
+            if self.resume is None or self.run is None or "out of memory" in str(e).lower() or \
+                    (isinstance(e, FileNotFoundError) and
+                     self.resume.resolve() not in Path(str(e.filename or "")).resolve().parents):
                 raise
             k = int(self.resume.name.split("_")[-1])
             raise ResumeError(self.run.unusable_state(k, f"its checkpoint {self.resume} cannot be loaded "

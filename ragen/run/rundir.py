@@ -133,6 +133,14 @@ class RunDir:
         write_text_atomic(path, yaml.safe_dump(new, sort_keys=False))
 
 
+def config_name(cfg: Config) -> str:
+    """A run name from the settings that make a run's data (those a restart may not change): ``p-<hash>``."""
+    import hashlib
+
+    flat = {k: v for k, v in flatten(config_to_dict(cfg)).items() if not k.startswith(RESUME_FREE)}
+    return "p-" + hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """A reader sees the old file or the new one, never half of one (as tables.write_table does for parquet)."""
     tmp = path.with_name(path.name + ".tmp")

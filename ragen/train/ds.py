@@ -32,6 +32,7 @@ def ensure_distributed() -> tuple[int, int]:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        own_port = "MASTER_PORT" not in os.environ
         os.environ.setdefault("MASTER_PORT", str(free_port()))
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("LOCAL_RANK", "0")
@@ -40,6 +41,8 @@ def ensure_distributed() -> tuple[int, int]:
 
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
                                    auto_mpi_discovery=False)
+        if own_port:  # this process listens on it now; a child process (a subprocess run) must pick its own
+            del os.environ["MASTER_PORT"]
     else:  # e.g. created by in-process vLLM: DeepSpeed still reads the launcher variables
         os.environ.setdefault("RANK", str(dist.get_rank()))
         os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
