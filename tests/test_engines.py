@@ -60,7 +60,9 @@ def tiny_config(*overrides):
     return load_config(None, ["cpu-small"], [f"model.base={TINY_MODEL}", "model.dtype=fp32",
                                               "rollout.response_length=24", "algorithm.filter_ratio=1.0",
                                               "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2",
-                                              *overrides])
+                                              # multi-turn with thinking (cpu-small itself is 1-turn Bandit)
+                                              "agent.max_turn=5", "agent.max_actions_per_turn=5",
+                                              "agent.enable_think=true", *overrides])
 
 
 def check_token_in_token_out(rec, collection):

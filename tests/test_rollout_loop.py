@@ -17,7 +17,9 @@ from ragen.rollout.runner import collect, instances_for
 from ragen.rollout.scripted import ScriptedEngine
 from ragen.rollout.table import COLUMNS, dense_rewards, read_rollouts, rollouts_frame, write_rollouts
 
-SMALL_BATCH = ["algorithm.filter_ratio=1.0", "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2"]
+SMALL_BATCH = ["algorithm.filter_ratio=1.0", "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2",
+               # multi-turn with thinking (cpu-small itself is 1-turn no-think Bandit)
+               "agent.max_turn=5", "agent.max_actions_per_turn=5", "agent.enable_think=true"]
 ROOM = "#######\n#P__XO#\n#_____#\n#######"
 
 
@@ -182,7 +184,7 @@ def test_sampling_for_modes():
     cfg = load_config(None, ["cpu-small"], ["rollout.val_temperature=0.5"])
     assert sampling_for(cfg.rollout, "train").temperature == 1.0
     assert sampling_for(cfg.rollout, "val").temperature == 0.5
-    assert sampling_for(cfg.rollout, "train").max_new_tokens == 128
+    assert sampling_for(cfg.rollout, "train").max_new_tokens == cfg.rollout.response_length == 32
     greedy = load_config(None, ["cpu-small"], ["rollout.val_do_sample=false"])
     assert sampling_for(greedy.rollout, "val").greedy
 

@@ -14,7 +14,8 @@ from ragen.train.update import update
 
 SMALL = ["algorithm.filter_ratio=1.0", "actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4",
          f"model.base={TINY_MODEL}", "model.dtype=fp32", "envs.train.n_groups=[2]", "envs.train.group_size=4",
-         "agent.max_turn=2", "actor.lr=1e-3", "critic.lr=1e-3", "actor.gradient_checkpointing=false",
+         "agent.max_turn=2", "envs.train.tags=[SimpleSokoban]", "agent.max_actions_per_turn=5",
+         "agent.enable_think=true", "actor.lr=1e-3", "critic.lr=1e-3", "actor.gradient_checkpointing=false",
          "critic.gradient_checkpointing=false"]
 
 
