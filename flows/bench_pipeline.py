@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flows.serve import _bin
 from ragen.run import iteration as it
 
 STAGES = ("generate_instances", "collect_rollouts", "filter_batch", "update_policy", "evaluate", "finish_iteration")
@@ -49,16 +47,6 @@ def timed_stages(spent: list[float]) -> Iterator[None]:
             setattr(it, name, fn)
 
 
-def _dvc_repo(root: Path) -> None:
-    """A git + DVC repo with a local remote beside it (as tests/conftest.py's fixture makes for the tests)."""
-    dvc = _bin("dvc")
-    root.mkdir(parents=True)
-    for cmd in (["git", "init", "-q"], [dvc, "init", "-q"], [dvc, "remote", "add", "-d", "local", str(root.parent /
-                "remote")], [dvc, "config", "cache.type", "hardlink,symlink,copy"],
-                [dvc, "config", "core.analytics", "false"]):
-        subprocess.run(cmd, cwd=root, check=True, capture_output=True)
-
-
 def bench_pipeline(params: str | None, presets: list[str], overrides: list[str], iterations: int = 4
                    ) -> dict[str, Any]:
     from prefect import flow
@@ -72,7 +60,7 @@ def bench_pipeline(params: str | None, presets: list[str], overrides: list[str],
         raise ValueError(f"iterations must be >= 2 (one plain, one orchestrated), got {iterations}")
     with tempfile.TemporaryDirectory(prefix="ragen-bench-") as tmp:
         root = Path(tmp) / "repo"
-        _dvc_repo(root)
+        versioning.init_repo(root, Path(tmp) / "remote")
         # total_training_steps far beyond the bench: no iteration is the final one (its checkpoint would be
         # versioned as a checkpoint iteration's is; that cost is measured separately below)
         cfg = load_config(params, presets, [*overrides, f"trainer.run_dir={root / 'runs'}",

@@ -78,10 +78,10 @@ def train_loop(run_name: str = "default", params: str | None = "params.yaml", pr
         if run_id is not None:
             tracking.reported(run, "MLflow end", tracking.end_tracking, cfg, run_id, "FAILED")
         raise
-    done, last = run.completed(), cfg.trainer.total_training_steps - 1
-    if cfg.tracking.dvc and done and versioning.pending(run, done[-1], last, cfg.trainer.checkpoint_every):
-        # a run killed after its last iteration completed but before that was versioned
-        tracking.reported(run, "DVC versioning (catch-up)", versioning.version_iteration, cfg, run, done[-1], last)
+    done = run.completed()
+    if cfg.tracking.dvc and done:  # a no-op unless a kill came between the last iteration and its versioning
+        tracking.reported(run, "DVC versioning (catch-up)", versioning.version_iteration, cfg, run, done[-1],
+                          cfg.trainer.total_training_steps - 1)
     if run_id is not None:
         tracking.reported(run, "MLflow summary", tracking.log_summary, cfg, run, run_id)
         tracking.reported(run, "MLflow model registration", tracking.register_model, cfg, run, run_id)

@@ -38,6 +38,18 @@ def dvc_root(run: RunDir) -> Path:
                               f"`dvc remote add -d NAME PATH`) in the project, or set tracking.dvc=false") from None
 
 
+def init_repo(root: Path, remote: Path) -> None:
+    """A git + DVC repo at ``root`` with ``remote`` as its default remote, set up as the project's own."""
+    import subprocess
+    import sys
+
+    dvc = str(Path(sys.executable).with_name("dvc"))
+    root.mkdir(parents=True)
+    for cmd in (["git", "init", "-q"], [dvc, "init", "-q"], [dvc, "remote", "add", "-d", "local", str(remote)],
+                [dvc, "config", "cache.type", "hardlink,symlink,copy"], [dvc, "config", "core.analytics", "false"]):
+        subprocess.run(cmd, cwd=root, check=True, capture_output=True)
+
+
 def check_remote(cfg: Config, run: RunDir) -> str:
     """The remote pushes go to (tracking.dvc_remote or the repo's default), checked before any training."""
     from dvc.repo import Repo

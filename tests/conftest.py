@@ -22,14 +22,7 @@ def renderer(tokenizer):
 @pytest.fixture
 def dvc_repo(tmp_path):
     """A git + DVC repository with a local default remote outside it, set up as the project's own (.dvc/config)."""
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tasks.versioning import init_repo
 
-    root, remote = tmp_path / "repo", tmp_path / "remote"
-    root.mkdir()
-    dvc = [str(Path(sys.executable).with_name("dvc"))]
-    for cmd in (["git", "init", "-q"], [*dvc, "init", "-q"], [*dvc, "remote", "add", "-d", "local", str(remote)],
-                [*dvc, "config", "cache.type", "hardlink,symlink,copy"], [*dvc, "config", "core.analytics", "false"]):
-        subprocess.run(cmd, cwd=root, check=True, capture_output=True)
-    return root
+    init_repo(tmp_path / "repo", tmp_path / "remote")
+    return tmp_path / "repo"

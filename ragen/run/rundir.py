@@ -166,7 +166,7 @@ def retained_states(done: list[int], checkpoint_every: int, best: int | None) ->
     """The retention rule: keep the latest, the best, and every checkpoint_every-th (counting iterations from 1)."""
     if not done:
         return set()
-    keep = {done[-1]} | {k for k in done if (k + 1) % checkpoint_every == 0}
+    keep = {k for k in done if is_checkpoint_iteration(k, checkpoint_every, last=done[-1])}
     if best is not None:
         keep.add(best)
     return keep
