@@ -1,4 +1,4 @@
-"""Deployment ``ragen/train-loop`` on a local Prefect server.
+"""Deployments ``ragen/train-loop`` and ``ragen-sft/sft`` on a local Prefect server.
 
 Why ``flow.serve`` and not a work pool + worker: one long-lived process both registers the deployment and
 executes its runs (each in a fresh subprocess, so a vLLM/DeepSpeed run never shares memory with the next), with
@@ -150,11 +150,18 @@ def _killpg(pgid: int, sig: int) -> None:
 
 
 def main() -> None:
+    from prefect import serve
+
+    from flows.sft import sft_flow
     from flows.train_loop import train_loop
 
-    # parameters default to the flow's: params.yaml of the working directory, run "default"
-    train_loop.serve(name="train-loop", limit=1, description="StarPO(-S) training run (one subflow per iteration)",
-                     tags=["ragen"], print_starting_message=True)
+    # parameters default to the flows': params.yaml of the working directory, run "default"; one run at a time
+    # across both deployments (each holds a rollout engine and a trainer)
+    serve(train_loop.to_deployment(name="train-loop", description="StarPO(-S) training run (one subflow per "
+                                   "iteration)", tags=["ragen"]),
+          sft_flow.to_deployment(name="sft", description="SFT warm-start: demos -> SFT -> format evaluation",
+                                 tags=["ragen"]),
+          limit=1, print_starting_message=True)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,12 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows.sft import sft_flow
 from ragen.config import Config, load_config
 from ragen.run import loop
 from ragen.run.iteration import Runtime
 from ragen.run.rundir import RunDir
+from ragen.sft import pipeline as sft_pipeline
 from tasks import stages, tracking, versioning
 
 # Runtimes of the flow runs in this process, by run directory: a subflow gets the key, never the object, since
@@ -57,6 +59,9 @@ def train_loop(run_name: str = "default", params: str | None = "params.yaml", pr
     cfg = resolve(params, preset, overrides, iterations)
     run = RunDir.at(cfg.trainer.run_dir, run_name)
     run.bind_config(cfg)  # refuses a restart with other settings before anything is logged
+    if sft_pipeline.needs_build(cfg) and run.next_iteration() == 0:  # model.warm_start=auto: warm-start first
+        log.info("model.warm_start=auto: making the SFT checkpoint %s first", cfg.sft.output)
+        sft_flow(params, preset, loop.with_iterations(overrides, iterations))
     if cfg.tracking.dvc:
         versioning.check_remote(cfg, run)  # a missing DVC repo or remote is a set-up error: say so before training
     run_id = tracking.reported(run, "MLflow start", tracking.start_tracking, cfg, run)

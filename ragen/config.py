@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -34,6 +34,13 @@ class ModelConfig(_Section):
     lora_alpha: int = Field(64, ge=1)
     lora_target_modules: str = "all-linear"
     end_of_turn_token: str | None = Field(None, description="default: the tokenizer's eos token")
+    warm_start: str = Field("off", description="off | auto (the sft.output checkpoint when agent.enable_think, "
+                            "made first if missing) | path of an SFT checkpoint: RL starts from its actor")
+
+    @field_validator("warm_start", mode="before")
+    @classmethod
+    def _off(cls, v: Any) -> Any:
+        return "off" if v is False else v  # YAML reads a bare `off` as false
 
 
 class EnvSplit(_Section):
@@ -189,6 +196,40 @@ class EvalConfig(_Section):
     pass_k: int = Field(1, ge=1)
 
 
+class SFTConfig(_Section):
+    """Supervised warm-start on solver demonstrations (ragen/sft): demos -> SFT -> format evaluation."""
+
+    tags: list[str] = Field(default_factory=lambda: ["Bandit", "SimpleSokoban", "FrozenLake"],
+                            description="env tags to make demonstrations for")
+    n_train: int = Field(128, ge=1, description="training demonstrations per tag")
+    n_test: int = Field(16, ge=0, description="held-out demonstrations per tag (test loss)")
+    seed: int = Field(500000, ge=0, description="demo seeds: train from seed, test from seed + 100000")
+    enable_think: bool = Field(True, description="demos with a templated <think> (the warm-start is for thinking)")
+    max_turn: int = Field(5, ge=1, description="turns per demo episode (agent.max_turn of the demos)")
+    max_actions_per_turn: int = Field(5, ge=1, description="actions per demo turn at most")
+    keep_failed: bool = Field(False, description="keep FrozenLake demos whose slips ended in a hole")
+    lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate (constant)")
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    epochs: int = Field(1, ge=1)
+    mini_batch_size: int = Field(8, ge=1, description="demonstrations per optimizer step")
+    micro_batch_tokens: int = Field(2800, ge=1, description="padded tokens per forward pass")
+    max_minutes: float = Field(20.0, gt=0.0, description="stop training after this wall time (at a step boundary)")
+    gradient_checkpointing: bool = False
+    compute_dtype: Literal["bf16", "fp32"] = Field("bf16", description="bf16: autocast matmuls (fp32 weights and "
+                                                   "optimizer); fp32: full precision")
+    lora_rank: int = Field(0, ge=0, description="0 = full fine-tune; r > 0 = LoRA via PEFT (merged on export)")
+    lora_alpha: int = Field(32, ge=1)
+    lora_target_modules: str = "all-linear"
+    deepspeed_config: str = "infra/deepspeed/zero0.json"
+    eval_n: int = Field(128, ge=1, description="fixed evaluation seeds per tag (before and after)")
+    eval_seed: int = Field(900000, ge=0)
+    eval_temperature: float = Field(0.5, ge=0.0, description="0 = greedy")
+    response_length: int = Field(96, ge=1, description="max new tokens per turn in the evaluation")
+    demos: str = Field("data/sft/demos.parquet", description="demonstrations dataset (parquet, DVC-tracked)")
+    output: str = Field("models/sft-warmstart", description="checkpoint directory (actor/ is a model.base)")
+
+
 class TrackingConfig(_Section):
     experiment: str = "ragen"
     mlflow_tracking_uri: str = "sqlite:///mlflow.db"
@@ -209,6 +250,7 @@ class Config(_Section):
     critic: CriticConfig = CriticConfig()
     trainer: TrainerConfig = TrainerConfig()
     eval: EvalConfig = EvalConfig()
+    sft: SFTConfig = SFTConfig()
     tracking: TrackingConfig = TrackingConfig()
     _tags: dict = PrivateAttr(default_factory=dict)
 
@@ -238,6 +280,11 @@ class Config(_Section):
                 f"{self.actor.ppo_mini_batch_size}; raise the ratio or the group count, or lower the mini-batch")
         if self.algorithm.bi_level_gae and (self.algorithm.adv_estimator != "gae" or self.agent.use_turn_scores):
             raise ValueError("algorithm.bi_level_gae needs algorithm.adv_estimator=gae and agent.use_turn_scores=false")
+        for tag in self.sft.tags:
+            if tag not in tags:
+                raise ValueError(f"sft.tags: unknown tag {tag!r}; known: {', '.join(sorted(tags))}")
+        if self.model.warm_start not in ("off", "auto") and not self.model.warm_start.strip():
+            raise ValueError("model.warm_start must be off, auto or a checkpoint path")
         if self.actor.clip_ratio_low >= 1.0:
             raise ValueError(f"actor.clip_ratio_low must be < 1, got {self.actor.clip_ratio_low}")
         return self

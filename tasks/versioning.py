@@ -130,3 +130,36 @@ def status(run: RunDir) -> dict[str, Any]:
 
     with Repo(str(dvc_root(run))) as repo:
         return repo.status(targets=[str(p.resolve()) for p in pointers(run)])
+
+
+def version_paths(paths: list[Path], remote: str | None = None) -> dict[str, Any]:
+    """``dvc add`` + push of files or folders outside run directories (the SFT demos and checkpoint). A path a
+    ``dvc.yaml`` stage declares as its output is left to that stage (``dvc repro`` / ``dvc commit``), since DVC
+    refuses to track one path twice."""
+    from dvc.exceptions import NotDvcRepoError, OutputNotFoundError
+    from dvc.repo import Repo
+
+    logging.getLogger("dvc.repo.scm_context").setLevel(logging.WARNING)
+    t0 = time.monotonic()
+    first = paths[0].resolve()
+    try:
+        root = Repo.find_root(str(first.parent))
+    except NotDvcRepoError:
+        raise VersioningError(f"{first} is not inside a DVC repository: run `dvc init` in the project, or set "
+                              f"tracking.dvc=false") from None
+    added, staged = [], []
+    with Repo(root) as repo:
+        for p in paths:
+            try:
+                outs = repo.find_outs_by_path(str(p.resolve()))
+            except OutputNotFoundError:
+                outs = []
+            (staged if any(o.stage.cmd for o in outs) else added).append(str(p.resolve()))
+        if added:
+            repo.add(added)
+            pointers = [f"{p}.dvc" for p in added]
+            pushed = repo.push(targets=pointers, remote=remote)
+        else:
+            pushed = 0
+    return {"added": added, "left_to_dvc_yaml": staged, "pushed_files": int(pushed or 0),
+            "time_s": time.monotonic() - t0}

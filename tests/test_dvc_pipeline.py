@@ -23,13 +23,15 @@ def test_default_remote_is_local_and_outside_the_work_tree():
 
 def test_stages_read_params_yaml_keys_and_call_real_options():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    assert {"prepare-model", "train"} <= set(stages)
+    assert {"prepare-model", "sft", "train"} <= set(stages)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    assert set(stages["train"]["params"]) <= set(params)
+    assert set(stages["train"]["params"]) <= set(params) and set(stages["sft"]["params"]) <= set(params)
+    outs = [next(iter(o)) if isinstance(o, dict) else o for o in stages["sft"]["outs"]]
+    assert params["sft"]["demos"] in outs and params["sft"]["output"] in outs  # the paths the stage writes
     listed = subprocess.run([DVC, "stage", "list"], cwd=ROOT, capture_output=True, text=True)
     assert listed.returncode == 0 and "prepare-model" in listed.stdout and "train" in listed.stdout
     ragen = str(Path(sys.executable).with_name("ragen"))
-    for stage, flag in (("prepare-model", "--manifest"), ("train", "--summary")):
+    for stage, flag in (("prepare-model", "--manifest"), ("sft", "--summary"), ("train", "--summary")):
         cmd = stages[stage]["cmd"].split()
         assert cmd[0] == "ragen" and flag in cmd
         helptext = subprocess.run([ragen, *cmd[1:cmd.index(flag)], "--help"], capture_output=True, text=True,

@@ -58,15 +58,17 @@ class Runtime:
         from ragen.agent.chat import ChatRenderer
         from ragen.models import load_tokenizer
         from ragen.rollout.factory import make_engine
+        from ragen.sft.pipeline import warm_start_path
         from ragen.train.trainer import Trainer
 
         m = self.cfg.model
         self.tokenizer = load_tokenizer(m.base, m.tokenizer, m.trust_remote_code)
         self.renderer = ChatRenderer(self.tokenizer, m.end_of_turn_token)
+        start = warm_start_path(self.cfg)  # the SFT checkpoint RL starts from, if any (reference model too)
         # a resumed run samples from the weights of its last completed iteration, exactly as it would have
         self.engine = make_engine(self.cfg, self.tokenizer,
-                                  model_path=str(self.resume / "actor") if self.resume else None)
-        self.trainer = Trainer(self.cfg, resume=self.resume, renderer=self.renderer)
+                                  model_path=str(self.resume / "actor") if self.resume else start)
+        self.trainer = Trainer(self.cfg, resume=self.resume, renderer=self.renderer, model_path=start)
         return self
 
 

@@ -61,6 +61,10 @@ def train_loop(cfg: Config, name: str, *, ops: ModuleType | Any = plain_ops,
     last = cfg.trainer.total_training_steps - 1
     if start > last:
         return res  # already complete: nothing to load
+    if start == 0:  # model.warm_start=auto: make the SFT checkpoint first if missing (a no-op after flows/sft)
+        from ragen.sft.pipeline import ensure_warm_start
+
+        ensure_warm_start(cfg)
     rt.open()
     try:
         if cfg.trainer.val_before_train and start == 0:

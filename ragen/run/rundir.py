@@ -124,6 +124,9 @@ class RunDir:
         if path.is_file():
             old = yaml.safe_load(path.read_text()) or {}
             a, b = flatten(old), flatten(new)
+            # a key the run's config predates counts as its schema default (runs survive schema additions)
+            defaults = flatten(config_to_dict(type(cfg)()))
+            a = {**{k: v for k, v in defaults.items() if k not in a}, **a}
             diff = sorted(k for k in set(a) | set(b) if not k.startswith(RESUME_FREE) and a.get(k) != b.get(k))
             if diff:
                 shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:8])

@@ -3,8 +3,6 @@ updating on it, exporting weights to the rollout engine (with the sync gate), an
 
 from __future__ import annotations
 
-import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +15,12 @@ from ragen.models import ensure_model, load_tokenizer
 from ragen.rollout.engine import Engine
 from ragen.rollout.sync import DEFAULT_PROBE, GateReport, probe_batch, sync_weights
 from ragen.train.batch import sequences_from_rollouts
+from ragen.train.checkpoint import COMPLETE, write_checkpoint
 from ragen.train.ds import ensure_distributed, make_engine
 from ragen.train.models import load_actor, load_critic, load_reference
 from ragen.train.update import UpdateResult, update
 
 VALUE_HEAD = "value_head.safetensors"
-COMPLETE = "checkpoint-complete"  # also ragen.run.rundir.STATE_MARKER (kept light: no torch import there)
 
 
 def filter_rollouts(cfg: Config, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
@@ -97,32 +95,19 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """actor/ (safetensors + tokenizer: loadable as model.base by vLLM and transformers), critic/ (backbone
-        + value head), deepspeed/ (optimizer and engine state). Written beside the target and renamed into
-        place, with a completion marker last, so a crash never leaves a checkpoint that looks complete."""
+        + value head), deepspeed/ (optimizer and engine state), marker last (ragen.train.checkpoint)."""
         from safetensors.torch import save_file
 
-        path = Path(path)
-        tmp = path.with_name(path.name + ".partial")
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+        def files(tmp: Path) -> None:
             self.actor.module.save_pretrained(tmp / "actor", safe_serialization=True)
             self.tokenizer.save_pretrained(tmp / "actor")
             if self.critic is not None:
                 self.critic.module.backbone.save_pretrained(tmp / "critic", safe_serialization=True)
                 save_file({k: v.contiguous() for k, v in self.critic.module.value_head.state_dict().items()},
                           str(tmp / "critic" / VALUE_HEAD))
-        self._barrier()
-        self.actor.save_checkpoint(str(tmp / "deepspeed" / "actor"), tag="state")
-        if self.critic is not None:
-            self.critic.save_checkpoint(str(tmp / "deepspeed" / "critic"), tag="state")
-        self._barrier()
-        if self.rank == 0:
-            (tmp / COMPLETE).write_text(f"{time.time()}\n")
-            if path.exists():
-                shutil.rmtree(path)
-            tmp.rename(path)
-        self._barrier()
-        return path
+
+        return write_checkpoint(path, rank=self.rank, world=self.world, write_files=files,
+                                engines={"actor": self.actor, "critic": self.critic})
 
     def _load_optimizer_state(self, src: Path) -> None:
         for name, engine in (("actor", self.actor), ("critic", self.critic)):
@@ -135,9 +120,3 @@ class Trainer:
                                                load_optimizer_states=True, load_lr_scheduler_states=False)
             if loaded is None:
                 raise RuntimeError(f"DeepSpeed could not load {d}; the checkpoint may be damaged")
-
-    def _barrier(self) -> None:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.barrier()

@@ -206,7 +206,7 @@ def _shard(mini: list[int], rank: int, world: int) -> list[int]:
     return mini[rank::world]
 
 
-def _boundary_steps(engine: Any, seqs: Sequences, local: list[int], cfg_opt: Any, pad_id: int,
+def boundary_steps(engine: Any, seqs: Sequences, local: list[int], cfg_opt: Any, pad_id: int,
                     loss_fn: Callable[[MicroBatch], tuple[torch.Tensor, dict[str, float]]],
                     world: int, pad_to: int | None = None) -> dict[str, float]:
     """Forward/backward every local micro-batch, the last one on the accumulation boundary, then one step;
@@ -282,7 +282,7 @@ def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_l
         parts["actor/tokens"] = tok
         return loss, parts
 
-    out = _boundary_steps(actor, seqs, _shard(mini, rank, world), ac, pad_id, loss_fn, world, pad_to)
+    out = boundary_steps(actor, seqs, _shard(mini, rank, world), ac, pad_id, loss_fn, world, pad_to)
     return {("actor/" + k if "/" not in k else k): v for k, v in out.items()}
 
 
@@ -303,5 +303,5 @@ def _critic_step(cfg: Config, critic: Any, seqs: Sequences, mini: list[int], old
                  "critic/vpred_mean": float((v.detach() * mb.loss_mask).sum()) / n_tokens}
         return loss, parts
 
-    out = _boundary_steps(critic, seqs, _shard(mini, rank, world), cc, pad_id, loss_fn, world, pad_to)
+    out = boundary_steps(critic, seqs, _shard(mini, rank, world), cc, pad_id, loss_fn, world, pad_to)
     return {("critic/" + k if "/" not in k else k): v for k, v in out.items()}

@@ -1,0 +1,212 @@
+"""The SFT warm-start as stages over files: demos (parquet) -> format evaluation of the base model -> SFT
+(checkpoint) -> format evaluation of the result. ``tasks/sft.py`` wraps each stage as a Prefect task and
+``flows/sft.py`` chains them; ``run_sft`` chains them without an orchestrator. Also how an RL run finds its
+warm-start checkpoint (``model.warm_start``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from ragen.config import Config, config_to_dict, flatten
+from ragen.train.checkpoint import is_complete
+
+EVAL_FILES = {"before": "eval_before.json", "after": "eval_after.json"}
+HISTORY = "history.jsonl"
+
+
+def fingerprint(cfg: Config) -> str:
+    """What an SFT checkpoint is made from: the base model, the SFT settings, and the agent / rollout settings
+    the demos are rendered with. A warm-start whose checkpoint has another fingerprint is stale."""
+    from ragen.sft.demos import demo_agent
+
+    d = config_to_dict(cfg)
+    keep = {"model.base": d["model"]["base"], "model.tokenizer": d["model"]["tokenizer"],
+            "model.end_of_turn_token": d["model"]["end_of_turn_token"],
+            "rollout.max_model_len": d["rollout"]["max_model_len"], "trainer.seed": d["trainer"]["seed"],
+            **flatten(demo_agent(cfg).model_dump(mode="json"), "agent."), **flatten(d["sft"], "sft."),
+            "envs.custom": d["envs"]["custom"]}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _record(path: Path) -> dict[str, Any]:
+    f = path / "sft.json"
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
+# -- warm-start resolution for RL ------------------------------------------------------------------------------
+def uses_warm_start(cfg: Config) -> bool:
+    ws = cfg.model.warm_start
+    return ws != "off" and not (ws == "auto" and not cfg.agent.enable_think)
+
+
+def checkpoint_ready(cfg: Config) -> bool:
+    """The ``auto`` checkpoint exists, is complete and was made from these settings."""
+    out = Path(cfg.sft.output)
+    return is_complete(out) and _record(out).get("fingerprint") == fingerprint(cfg)
+
+
+def needs_build(cfg: Config) -> bool:
+    return cfg.model.warm_start == "auto" and uses_warm_start(cfg) and not checkpoint_ready(cfg)
+
+
+def warm_start_path(cfg: Config) -> str | None:
+    """The model path RL starts from instead of ``model.base`` (None: no warm-start)."""
+    if not uses_warm_start(cfg):
+        return None
+    ws = cfg.model.warm_start
+    if ws == "auto":
+        if not checkpoint_ready(cfg):
+            raise FileNotFoundError(f"model.warm_start=auto: no SFT checkpoint made from these settings at "
+                                    f"{cfg.sft.output} (missing, incomplete or stale); make it with `ragen sft` "
+                                    f"(or `dvc repro sft`), or set model.warm_start=off")
+        return str(Path(cfg.sft.output) / "actor")
+    p = Path(ws)
+    actor = p / "actor" if (p / "actor" / "config.json").is_file() else p
+    if not (actor / "config.json").is_file():
+        raise FileNotFoundError(f"model.warm_start={ws!r}: neither {p}/actor nor {p} is a model directory with "
+                                f"config.json; point it at an SFT checkpoint (made by `ragen sft`)")
+    return str(actor)
+
+
+def ensure_warm_start(cfg: Config) -> str | None:
+    """``warm_start_path``, making the ``auto`` checkpoint first (plain stages) when it is missing or stale."""
+    if needs_build(cfg):
+        run_sft(cfg)
+    return warm_start_path(cfg)
+
+
+# -- stages ------------------------------------------------------------------------------------------------------
+def _renderer(cfg: Config) -> Any:
+    from ragen.agent.chat import ChatRenderer
+    from ragen.models import load_tokenizer
+
+    m = cfg.model
+    return ChatRenderer(load_tokenizer(m.base, m.tokenizer, m.trust_remote_code), m.end_of_turn_token)
+
+
+def make_demos_stage(cfg: Config, out: str | Path | None = None, *, progress: bool = False) -> Path:
+    """Write the demonstrations table (train and test splits), reusing it when made from the same settings."""
+    from ragen.sft.demos import make_demos, read_demos, write_demos
+
+    path = Path(out or cfg.sft.demos)
+    meta = path.with_suffix(".json")
+    fp = fingerprint(cfg)
+    if path.is_file() and meta.is_file() and json.loads(meta.read_text()).get("fingerprint") == fp:
+        read_demos(path)  # a damaged file is an error here, not at training
+        return path
+    bar = _bar(progress, "demos")
+    df = make_demos(cfg, _renderer(cfg), progress=bar)
+    write_demos(df, path)
+    summary = {"fingerprint": fp, "rows": len(df),
+               "per_tag": {f"{split}/{tag}": int(n) for (split, tag), n in df.groupby(["split", "tag"]).size().items()},
+               "success": {tag: float(v) for tag, v in df.groupby("tag")["success"].mean().items()},
+               "mean_length": float(df["length"].mean())}
+    meta.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def _bar(enabled: bool, desc: str) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    bars: dict[str, Any] = {}
+
+    def update(key: str, done: int, total: int) -> None:
+        if key not in bars:
+            bars[key] = tqdm(total=total, desc=f"{desc} {key}", leave=False)
+        bars[key].update(done - bars[key].n)
+        if done >= total:
+            bars[key].close()
+
+    return update
+
+
+def evaluate_stage(cfg: Config, model_path: str | None, out: str | Path) -> dict[str, float]:
+    """Format evaluation of ``model_path`` (default: ``model.base``) on the fixed seeds; JSON to ``out``."""
+    from ragen.rollout.factory import make_engine
+    from ragen.run.rundir import write_json
+    from ragen.sft.evaluate import evaluate_format
+
+    renderer = _renderer(cfg)
+    engine = make_engine(cfg, renderer.tokenizer, model_path=model_path)
+    try:
+        _, metrics = evaluate_format(cfg, engine, renderer)
+    finally:
+        engine.close()
+    metrics["model"] = model_path or cfg.model.base  # type: ignore[assignment]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, metrics)
+    return metrics
+
+
+def train_stage(cfg: Config, demos: str | Path, out: str | Path | None = None, *, progress: bool = False
+                ) -> tuple[Path, dict[str, float]]:
+    """SFT on the train split (test loss on the test split); the checkpoint goes to ``out`` (sft.output)."""
+    from ragen.sft.demos import read_demos
+    from ragen.sft.train import SFTTrainer
+
+    out = Path(out or cfg.sft.output)
+    df = read_demos(demos)
+    train, test = df[df["split"] == "train"], df[df["split"] == "test"]
+    if train.empty:
+        raise ValueError(f"demonstrations file {demos} has no train split; make it again with `ragen sft demos`")
+    trainer = SFTTrainer(cfg)
+    history: list[dict[str, float]] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.sft.epochs * -(-len(train) // cfg.sft.mini_batch_size), desc="sft", unit="step",
+                   leave=False)
+
+    def on_step(rec: dict[str, float]) -> None:
+        history.append(rec)
+        if bar is not None:
+            bar.set_postfix(loss=f"{rec['loss']:.3f}")
+            bar.update(1)
+
+    test_loss_before = trainer.evaluate_loss(test) if not test.empty else float("nan")
+    res = trainer.train(train, test=test if not test.empty else None, on_step=on_step)
+    if bar is not None:
+        bar.close()
+    res.metrics["sft/test_loss_before"] = test_loss_before
+    record = {"fingerprint": fingerprint(cfg), "base": trainer.base, "metrics": res.metrics,
+              "demos": str(demos), "lora_rank": cfg.sft.lora_rank, "time": time.time(),
+              "config": config_to_dict(cfg)["sft"]}
+    path = trainer.save(out, record)
+    (path / HISTORY).write_text("".join(json.dumps(r) + "\n" for r in history))
+    return path, res.metrics
+
+
+class PlainStages:
+    """The stages as plain calls; ``tasks.sft`` has the same names as Prefect tasks."""
+
+    make_demos = staticmethod(lambda cfg: make_demos_stage(cfg))
+    evaluate_format = staticmethod(evaluate_stage)
+    train_sft = staticmethod(lambda cfg, demos: train_stage(cfg, demos))
+
+
+def run_sft(cfg: Config, *, ops: Any = PlainStages, evaluate: bool = True) -> dict[str, Any]:
+    """The chain: demos -> (format of the base model) -> SFT -> (format of the checkpoint); returns every
+    stage's metrics. The base model's evaluation is written beside the output first and moved into the
+    checkpoint once it exists (the checkpoint directory only ever appears complete)."""
+    out = Path(cfg.sft.output)
+    demos = ops.make_demos(cfg)
+    result: dict[str, Any] = {"demos": str(demos), "output": str(out)}
+    staging = out.with_name(out.name + ".eval")
+    if evaluate:
+        result["before"] = ops.evaluate_format(cfg, None, staging / EVAL_FILES["before"])
+    path, result["train"] = ops.train_sft(cfg, demos)
+    if evaluate:
+        shutil.copy(staging / EVAL_FILES["before"], path / EVAL_FILES["before"])
+        shutil.rmtree(staging, ignore_errors=True)
+        result["after"] = ops.evaluate_format(cfg, str(path / "actor"), path / EVAL_FILES["after"])
+    result["checkpoint"] = str(path)
+    return result

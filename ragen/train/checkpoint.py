@@ -1,0 +1,49 @@
+"""Checkpoint directories shared by RL and SFT: model files written by rank 0, DeepSpeed engine states by every
+rank, all into ``<path>.partial`` renamed into place with a completion marker last, so a crash never leaves a
+checkpoint that looks complete. ``actor/`` is always a plain model directory (safetensors + tokenizer) that vLLM,
+transformers and ``model.base`` load."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+COMPLETE = "checkpoint-complete"  # also ragen.run.rundir.STATE_MARKER (kept light: no torch import there)
+
+
+def is_complete(path: str | Path) -> bool:
+    return (Path(path) / COMPLETE).is_file()
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def write_checkpoint(path: str | Path, *, rank: int, world: int, write_files: Callable[[Path], None],
+                     engines: Mapping[str, Any]) -> Path:
+    """``write_files(tmp)`` writes the model files (rank 0 only); each engine saves its state under
+    ``deepspeed/<name>`` (tag ``state``)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        write_files(tmp)
+    _barrier(world)
+    for name, engine in engines.items():
+        if engine is not None:
+            engine.save_checkpoint(str(tmp / "deepspeed" / name), tag="state")
+    _barrier(world)
+    if rank == 0:
+        (tmp / COMPLETE).write_text(f"{time.time()}\n")
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+    _barrier(world)
+    return path

@@ -1,0 +1,82 @@
+"""The SFT stages (ragen.sft.pipeline) as Prefect tasks, plus MLflow logging of a warm-start. Stages never retry
+(each rewrites its outputs from scratch; rerun the flow instead); tracking and versioning retry and are reported
+rather than fatal, as in the training flow."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from ragen.config import Config, config_to_dict, flatten
+from ragen.sft import pipeline
+
+_OPTS = {"cache_policy": NO_CACHE, "persist_result": False}
+
+
+@task(name="make_demos", retries=0, **_OPTS)
+def make_demos(cfg: Config) -> Path:
+    return pipeline.make_demos_stage(cfg)
+
+
+@task(name="evaluate_format", retries=0, **_OPTS)
+def evaluate_format(cfg: Config, model_path: str | None, out: Path) -> dict[str, float]:
+    return pipeline.evaluate_stage(cfg, model_path, out)
+
+
+@task(name="train_sft", retries=0, **_OPTS)
+def train_sft(cfg: Config, demos: Path) -> tuple[Path, dict[str, float]]:
+    return pipeline.train_stage(cfg, demos)
+
+
+@task(name="version_sft", retries=2, retry_delay_seconds=2, timeout_seconds=1800, **_OPTS)
+def version_sft(cfg: Config, paths: list[Path]) -> dict[str, Any]:
+    from tasks.versioning import version_paths
+
+    return version_paths(paths, cfg.tracking.dvc_remote)
+
+
+@task(name="log_sft", retries=3, retry_delay_seconds=2, **_OPTS)
+def log_sft(cfg: Config, result: dict[str, Any], checkpoint: Path) -> str:
+    """One MLflow run in experiment ``<tracking.experiment>-sft``: the sft params, the loss per step, the
+    format metrics before and after (``before/...``, ``after/...``) and the evaluation files as artifacts."""
+    from mlflow.entities import Metric, Param
+
+    from tasks.tracking import _client, git_commit
+
+    client = _client(cfg)
+    name = f"{cfg.tracking.experiment}-sft"
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        location = Path(cfg.tracking.mlflow_artifact_location).resolve().as_uri()
+        exp_id = client.create_experiment(name, artifact_location=location)
+    else:
+        exp_id = exp.experiment_id
+    r = client.create_run(exp_id, run_name=checkpoint.name, tags={
+        "git_commit": git_commit(), "preset": ",".join(cfg.preset) or "none", "checkpoint": str(checkpoint),
+        "fingerprint": pipeline.fingerprint(cfg)})
+    run_id = r.info.run_id
+    params = [Param(k, json.dumps(v) if not isinstance(v, str) else v)
+              for k, v in flatten({"sft": config_to_dict(cfg)["sft"], "model": config_to_dict(cfg)["model"]}).items()]
+    client.log_batch(run_id, params=params)
+    metrics = []
+    for where in ("before", "after", "train"):
+        for k, v in (result.get(where) or {}).items():
+            if isinstance(v, int | float) and math.isfinite(v):
+                metrics.append(Metric(f"{where}/{k}".replace("@", "_at_"), float(v), 0, 0))
+    history = checkpoint / pipeline.HISTORY
+    if history.is_file():
+        for line in history.read_text().splitlines():
+            rec = json.loads(line)
+            metrics.append(Metric("sft/loss", rec["loss"], 0, int(rec["step"])))
+    for i in range(0, len(metrics), 500):
+        client.log_batch(run_id, metrics=metrics[i:i + 500])
+    for f in (*pipeline.EVAL_FILES.values(), "sft.json", pipeline.HISTORY):
+        if (checkpoint / f).is_file():
+            client.log_artifact(run_id, str(checkpoint / f), "sft")
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
