@@ -272,3 +272,33 @@ def test_sft_flow_demos_train_evaluate_version_and_log(tmp_path, dvc_repo):
     assert "after/format_valid_mean" in r.data.metrics and "before/Bandit/format_valid" in r.data.metrics
     assert len(client.get_metric_history(r.info.run_id, "sft/loss")) == 4
     assert {a.path for a in client.list_artifacts(r.info.run_id, "sft")} >= {"sft/eval_after.json", "sft/sft.json"}
+
+
+@pytest.mark.slow
+def test_rl_with_thinking_starts_from_the_auto_warm_start(tmp_path):
+    """model.warm_start=auto with thinking on: the loop makes the SFT checkpoint first, RL starts from its actor
+    (weights after a near-zero-lr iteration equal the SFT weights, not the base's), and a second run reuses it."""
+    from safetensors.torch import load_file
+    from test_loop import TINY
+
+    from ragen.models import ensure_model
+    from ragen.run.loop import train_loop
+
+    ck = tmp_path / "ws"
+    over = [*TINY, *TINY_SFT, "sft.tags=[SimpleSokoban]", "sft.eval_n=2", "sft.response_length=8",
+            f"sft.demos={tmp_path / 'demos.parquet'}", f"sft.output={ck}", "model.warm_start=auto",
+            "agent.enable_think=true", "actor.lr=1e-12", "trainer.val_before_train=false",
+            f"trainer.run_dir={tmp_path / 'runs'}", "trainer.total_training_steps=1"]
+    cfg = load_config(None, ["cpu-small"], over)
+    assert pipeline.needs_build(cfg)
+    res = train_loop(cfg, "ws-run")
+    assert res.iterations == [0] and pipeline.checkpoint_ready(cfg)
+    assert json.loads((ck / pipeline.EVAL_FILES["after"]).read_text())["SimpleSokoban/episodes"] == 2
+    sft_w = load_file(str(ck / "actor" / "model.safetensors"))
+    rl_w = load_file(str(res.run.state(0) / "actor" / "model.safetensors"))
+    base = load_file(str(__import__("pathlib").Path(ensure_model(TINY_MODEL)) / "model.safetensors"))
+    k = "model.layers.0.mlp.up_proj.weight"
+    assert torch.allclose(rl_w[k], sft_w[k], atol=1e-6) and not torch.allclose(rl_w[k], base[k], atol=1e-4)
+    stamp = (ck / "checkpoint-complete").stat().st_mtime
+    train_loop(cfg, "ws-run-2")
+    assert (ck / "checkpoint-complete").stat().st_mtime == stamp  # reused, not made again

@@ -130,18 +130,20 @@ def _bar(enabled: bool, desc: str) -> Any:
 def evaluate_stage(cfg: Config, model_path: str | None, out: str | Path) -> dict[str, float]:
     """Format evaluation of ``model_path`` (default: ``model.base``) on the fixed seeds; JSON to ``out``."""
     from ragen.rollout.factory import make_engine
+    from ragen.rollout.table import write_rollouts
     from ragen.run.rundir import write_json
     from ragen.sft.evaluate import evaluate_format
 
     renderer = _renderer(cfg)
     engine = make_engine(cfg, renderer.tokenizer, model_path=model_path)
     try:
-        _, metrics = evaluate_format(cfg, engine, renderer)
+        rollouts, metrics = evaluate_format(cfg, engine, renderer)
     finally:
         engine.close()
     metrics["model"] = model_path or cfg.model.base  # type: ignore[assignment]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    write_rollouts(rollouts, out.with_suffix(".parquet"))  # the episodes behind the numbers, for inspection
     write_json(out, metrics)
     return metrics
 
@@ -205,7 +207,9 @@ def run_sft(cfg: Config, *, ops: Any = PlainStages, evaluate: bool = True) -> di
         result["before"] = ops.evaluate_format(cfg, None, staging / EVAL_FILES["before"])
     path, result["train"] = ops.train_sft(cfg, demos)
     if evaluate:
-        shutil.copy(staging / EVAL_FILES["before"], path / EVAL_FILES["before"])
+        for suffix in (".json", ".parquet"):
+            name = Path(EVAL_FILES["before"]).with_suffix(suffix).name
+            shutil.copy(staging / name, path / name)
         shutil.rmtree(staging, ignore_errors=True)
         result["after"] = ops.evaluate_format(cfg, str(path / "actor"), path / EVAL_FILES["after"])
     result["checkpoint"] = str(path)
