@@ -61,7 +61,7 @@ def train_loop(run_name: str = "default", params: str | None = "params.yaml", pr
     run.bind_config(cfg)  # refuses a restart with other settings before anything is logged
     if sft_pipeline.needs_build(cfg) and run.next_iteration() == 0:  # model.warm_start=auto: warm-start first
         log.info("model.warm_start=auto: making the SFT checkpoint %s first", cfg.sft.output)
-        sft_flow(params, preset, loop.with_iterations(overrides, iterations))
+        sft_flow(params, preset, loop.with_iterations(overrides, iterations), evaluate=False)
     if cfg.tracking.dvc:
         versioning.check_remote(cfg, run)  # a missing DVC repo or remote is a set-up error: say so before training
     run_id = tracking.reported(run, "MLflow start", tracking.start_tracking, cfg, run)

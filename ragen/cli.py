@@ -269,6 +269,12 @@ def rollout_cmd(out: Annotated[Path, typer.Option(help="rollouts parquet file to
         typer.echo(f"wrote {len(c.rollouts)} trajectories to {out}")
 
 
+def _sft_presets(params: Path | None, preset: list[str] | None) -> list[str]:
+    """The `ragen sft` commands agree on the config (hence on the demos' fingerprint): the given presets, or
+    cpu-small when neither a params file nor a preset is given."""
+    return list(preset or ([] if params else ["cpu-small"]))
+
+
 def _print_format(title: str, m: dict) -> None:
     typer.echo(title)
     for k, v in m.items():
@@ -302,6 +308,7 @@ def sft_train_cmd(params: ParamsOpt = None, preset: PresetOpt = None, overrides:
             typer.secho(str(err.args[0]), err=True, fg="red")
             raise typer.Exit(2) from None
         preset, overrides = [*e.presets, *(preset or [])], [*e.overrides, *(overrides or [])]
+    preset = _sft_presets(params, preset)
     cfg = _config(params, preset, overrides)
     if prefect:
         from flows.sft import sft_flow
@@ -330,7 +337,7 @@ def sft_demos_cmd(params: ParamsOpt = None, preset: PresetOpt = None, overrides:
     """Make the solver demonstrations (train and test splits) as a parquet table."""
     from ragen.sft.pipeline import make_demos_stage
 
-    cfg = _config(params, preset or ["cpu-small"], overrides)
+    cfg = _config(params, _sft_presets(params, preset), overrides)
     path = make_demos_stage(cfg, out, progress=True)
     typer.echo(path.with_suffix(".json").read_text())
     typer.echo(f"wrote {path}")
@@ -343,7 +350,7 @@ def sft_eval_cmd(out: Annotated[Path, typer.Option(help="metrics JSON to write")
     """Format evaluation with thinking on the fixed SFT evaluation seeds (sft.eval_n per tag)."""
     from ragen.sft.pipeline import evaluate_stage
 
-    cfg = _config(params, preset or ["cpu-small"], overrides)
+    cfg = _config(params, _sft_presets(params, preset), overrides)
     _print_format(f"format of {model or cfg.model.base}:", evaluate_stage(cfg, model, out))
 
 

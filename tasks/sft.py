@@ -40,7 +40,7 @@ def version_sft(cfg: Config, paths: list[Path]) -> dict[str, Any]:
     return version_paths(paths, cfg.tracking.dvc_remote)
 
 
-@task(name="log_sft", retries=3, retry_delay_seconds=2, **_OPTS)
+@task(name="log_sft", retries=0, **_OPTS)  # a retry would create a second MLflow run; a failure is reported
 def log_sft(cfg: Config, result: dict[str, Any], checkpoint: Path) -> str:
     """One MLflow run in experiment ``<tracking.experiment>-sft``: the sft params, the loss per step, the
     format metrics before and after (``before/...``, ``after/...``) and the evaluation files as artifacts."""

@@ -162,7 +162,7 @@ def test_play_demo_without_think_answers_only(renderer):
 
 # -- warm-start resolution --------------------------------------------------------------------------------------
 def test_warm_start_resolution(tmp_path):
-    off = sft_cfg()
+    off = sft_cfg("model.warm_start=off", "agent.enable_think=true")
     assert not pipeline.uses_warm_start(off) and pipeline.warm_start_path(off) is None
     nothink = sft_cfg("model.warm_start=auto", "agent.enable_think=false")
     assert not pipeline.uses_warm_start(nothink) and not pipeline.needs_build(nothink)
@@ -176,6 +176,10 @@ def test_warm_start_resolution(tmp_path):
     (ck / "checkpoint-complete").write_text("1")
     (ck / "sft.json").write_text(json.dumps({"fingerprint": pipeline.fingerprint(auto)}))
     assert not pipeline.needs_build(auto) and pipeline.warm_start_path(auto) == str(ck / "actor")
+    (ck / "sft.json").write_text(json.dumps({"fingerprint": pipeline.fingerprint(auto), "max_turn_tokens": 60}))
+    with pytest.raises(ValueError, match=r"raise rollout\.response_length to at least 60"):
+        pipeline.warm_start_path(auto)  # cpu-small's 32 tokens per turn would cut every demo-style answer
+    (ck / "sft.json").write_text(json.dumps({"fingerprint": pipeline.fingerprint(auto), "max_turn_tokens": 30}))
     stale = sft_cfg("model.warm_start=auto", "agent.enable_think=true", f"sft.output={ck}", "sft.lr=1e-3")
     assert pipeline.needs_build(stale)  # other SFT settings: the checkpoint no longer describes them
     explicit = sft_cfg(f"model.warm_start={ck}")
@@ -287,13 +291,14 @@ def test_rl_with_thinking_starts_from_the_auto_warm_start(tmp_path):
     ck = tmp_path / "ws"
     over = [*TINY, *TINY_SFT, "sft.tags=[SimpleSokoban]", "sft.eval_n=2", "sft.response_length=8",
             f"sft.demos={tmp_path / 'demos.parquet'}", f"sft.output={ck}", "model.warm_start=auto",
-            "agent.enable_think=true", "actor.lr=1e-12", "trainer.val_before_train=false",
+            "agent.enable_think=true", "rollout.response_length=96", "actor.lr=1e-12", "trainer.val_before_train=false",
             f"trainer.run_dir={tmp_path / 'runs'}", "trainer.total_training_steps=1"]
     cfg = load_config(None, ["cpu-small"], over)
     assert pipeline.needs_build(cfg)
     res = train_loop(cfg, "ws-run")
     assert res.iterations == [0] and pipeline.checkpoint_ready(cfg)
-    assert json.loads((ck / pipeline.EVAL_FILES["after"]).read_text())["SimpleSokoban/episodes"] == 2
+    assert not (ck / pipeline.EVAL_FILES["after"]).exists()  # the RL loop's warm-start skips the format eval
+    assert json.loads((ck / "sft.json").read_text())["max_turn_tokens"] <= 96
     sft_w = load_file(str(ck / "actor" / "model.safetensors"))
     rl_w = load_file(str(res.run.state(0) / "actor" / "model.safetensors"))
     base = load_file(str(__import__("pathlib").Path(ensure_model(TINY_MODEL)) / "model.safetensors"))
@@ -302,3 +307,27 @@ def test_rl_with_thinking_starts_from_the_auto_warm_start(tmp_path):
     stamp = (ck / "checkpoint-complete").stat().st_mtime
     train_loop(cfg, "ws-run-2")
     assert (ck / "checkpoint-complete").stat().st_mtime == stamp  # reused, not made again
+
+
+def test_sft_settings_are_not_part_of_a_run_that_does_not_warm_start(tmp_path):
+    """A run from before the SFT settings existed still resumes, and a run without a warm-start keeps its name
+    whatever the sft section says; with a warm-start the SFT settings are part of the run."""
+    import yaml
+
+    from ragen.config import config_to_dict
+    from ragen.run.rundir import ResumeError, RunDir, config_name
+
+    cfg = sft_cfg()  # cpu-small: warm_start auto, no thinking
+    old = config_to_dict(cfg)
+    old["model"].pop("warm_start")
+    old.pop("sft")
+    run = RunDir.at(tmp_path, "old")
+    run.root.mkdir(parents=True)
+    (run.root / "config.yaml").write_text(yaml.safe_dump(old))
+    run.bind_config(cfg)  # no complaint about keys the old run never had
+    assert config_name(cfg) == config_name(sft_cfg("sft.lr=1e-3", "model.warm_start=off"))
+    think = sft_cfg("agent.enable_think=true", "model.warm_start=auto")
+    assert config_name(think) != config_name(sft_cfg("agent.enable_think=true", "model.warm_start=auto",
+                                                     "sft.lr=1e-3"))
+    with pytest.raises(ResumeError, match=r"agent\.enable_think"):
+        run.bind_config(think)

@@ -123,10 +123,10 @@ class RunDir:
         new = config_to_dict(cfg)
         if path.is_file():
             old = yaml.safe_load(path.read_text()) or {}
-            a, b = flatten(old), flatten(new)
             # a key the run's config predates counts as its schema default (runs survive schema additions)
             defaults = flatten(config_to_dict(type(cfg)()))
-            a = {**{k: v for k, v in defaults.items() if k not in a}, **a}
+            a = identity({**{k: v for k, v in defaults.items() if k not in flatten(old)}, **flatten(old)})
+            b = identity(flatten(new))
             diff = sorted(k for k in set(a) | set(b) if not k.startswith(RESUME_FREE) and a.get(k) != b.get(k))
             if diff:
                 shown = ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in diff[:8])
@@ -136,11 +136,21 @@ class RunDir:
         write_text_atomic(path, yaml.safe_dump(new, sort_keys=False))
 
 
+def identity(flat: dict[str, Any]) -> dict[str, Any]:
+    """The settings that make a run's data, from a flattened config: the warm-start and SFT settings count only
+    when the run starts from a warm-start (``model.warm_start`` off, or auto without thinking, leaves them out),
+    so a run made before they existed keeps its identity."""
+    ws = flat.get("model.warm_start", "off")
+    if ws in ("off", False) or (ws == "auto" and not flat.get("agent.enable_think", True)):
+        return {k: v for k, v in flat.items() if not k.startswith("sft.") and k != "model.warm_start"}
+    return flat
+
+
 def config_name(cfg: Config) -> str:
     """A run name from the settings that make a run's data (those a restart may not change): ``p-<hash>``."""
     import hashlib
 
-    flat = {k: v for k, v in flatten(config_to_dict(cfg)).items() if not k.startswith(RESUME_FREE)}
+    flat = {k: v for k, v in identity(flatten(config_to_dict(cfg))).items() if not k.startswith(RESUME_FREE)}
     return "p-" + hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 

@@ -27,10 +27,26 @@ def fingerprint(cfg: Config) -> str:
     d = config_to_dict(cfg)
     keep = {"model.base": d["model"]["base"], "model.tokenizer": d["model"]["tokenizer"],
             "model.end_of_turn_token": d["model"]["end_of_turn_token"],
-            "rollout.max_model_len": d["rollout"]["max_model_len"], "trainer.seed": d["trainer"]["seed"],
-            **flatten(demo_agent(cfg).model_dump(mode="json"), "agent."), **flatten(d["sft"], "sft."),
+            "rollout.max_model_len": d["rollout"]["max_model_len"],
+            **{k: v for k, v in flatten(demo_agent(cfg).model_dump(mode="json"), "agent.").items()
+               if k not in ("agent.format_penalty", "agent.use_turn_scores")},  # rewards only, not the tokens
+            **flatten(d["sft"], "sft."),
             "envs.custom": d["envs"]["custom"]}
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def max_turn_tokens(df: Any) -> int:
+    """The longest demo turn in sampled tokens (end-of-turn included): RL must allow that many per turn."""
+    import numpy as np
+
+    longest = 0
+    for mask, ends in zip(df["loss_mask"], df["turn_end_positions"], strict=True):
+        m = np.asarray(mask, dtype=bool)
+        start = 0
+        for e in ends:
+            longest = max(longest, int(m[start:e + 1].sum()))
+            start = e + 1
+    return longest
 
 
 def _record(path: Path) -> dict[str, Any]:
@@ -64,6 +80,11 @@ def warm_start_path(cfg: Config) -> str | None:
             raise FileNotFoundError(f"model.warm_start=auto: no SFT checkpoint made from these settings at "
                                     f"{cfg.sft.output} (missing, incomplete or stale); make it with `ragen sft` "
                                     f"(or `dvc repro sft`), or set model.warm_start=off")
+        need = int(_record(Path(cfg.sft.output)).get("max_turn_tokens", 0))
+        if cfg.rollout.response_length < need:
+            raise ValueError(f"rollout.response_length={cfg.rollout.response_length} cuts the warm-start's answers "
+                             f"(its demo turns take up to {need} tokens, think included): raise "
+                             f"rollout.response_length to at least {need}")
         return str(Path(cfg.sft.output) / "actor")
     p = Path(ws)
     actor = p / "actor" if (p / "actor" / "config.json").is_file() else p
@@ -76,7 +97,7 @@ def warm_start_path(cfg: Config) -> str | None:
 def ensure_warm_start(cfg: Config) -> str | None:
     """``warm_start_path``, making the ``auto`` checkpoint first (plain stages) when it is missing or stale."""
     if needs_build(cfg):
-        run_sft(cfg)
+        run_sft(cfg, evaluate=False)  # RL's own validation follows; `ragen sft train` measures the format
     return warm_start_path(cfg)
 
 
@@ -105,7 +126,7 @@ def make_demos_stage(cfg: Config, out: str | Path | None = None, *, progress: bo
     summary = {"fingerprint": fp, "rows": len(df),
                "per_tag": {f"{split}/{tag}": int(n) for (split, tag), n in df.groupby(["split", "tag"]).size().items()},
                "success": {tag: float(v) for tag, v in df.groupby("tag")["success"].mean().items()},
-               "mean_length": float(df["length"].mean())}
+               "mean_length": float(df["length"].mean()), "max_turn_tokens": max_turn_tokens(df)}
     meta.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -180,6 +201,7 @@ def train_stage(cfg: Config, demos: str | Path, out: str | Path | None = None, *
         bar.close()
     res.metrics["sft/test_loss_before"] = test_loss_before
     record = {"fingerprint": fingerprint(cfg), "base": trainer.base, "metrics": res.metrics,
+              "max_turn_tokens": max_turn_tokens(train),
               "demos": str(demos), "lora_rank": cfg.sft.lora_rank, "time": time.time(),
               "config": config_to_dict(cfg)["sft"]}
     path = trainer.save(out, record)

@@ -106,7 +106,8 @@ class SFTTrainer:
         if self.world > 1:
             import torch.distributed as dist
 
-            t = torch.tensor([total, count], dtype=torch.float64)
+            t = torch.tensor([total, count], dtype=torch.float64,
+                             device="cuda" if torch.cuda.is_available() else "cpu")  # NCCL takes GPU tensors
             dist.all_reduce(t)
             total, count = float(t[0]), int(t[1])
         return total / max(count, 1)
@@ -118,19 +119,21 @@ class SFTTrainer:
         s = self.cfg.sft
         seqs = sequences_from_rollouts(demos)
         n = len(seqs)
-        if n < self.world:
-            raise ValueError(f"{n} demonstrations for {self.world} ranks: make more (sft.n_train)")
+        if n < self.world or s.mini_batch_size < self.world:
+            raise ValueError(f"{n} demonstrations, sft.mini_batch_size={s.mini_batch_size} for {self.world} ranks: "
+                             f"every rank needs a demo of every step; raise sft.n_train / sft.mini_batch_size")
         opt = SimpleNamespace(micro_batch_size=1, micro_batch_tokens=s.micro_batch_tokens)
         m = unwrap(self.engine)
         m.train()
         t0 = time.monotonic()
         deadline = t0 + s.max_minutes * 60
         res = SFTResult(0, 0.0, False)
-        steps_per_epoch = math.ceil(n / s.mini_batch_size)
+        steps_per_epoch = n // s.mini_batch_size if self.world > 1 else math.ceil(n / s.mini_batch_size)
+        # (with several ranks a short last mini-batch could leave a rank without a demo: it is dropped)
         for epoch in range(s.epochs):
-            order = np.random.default_rng([self.cfg.trainer.seed, epoch]).permutation(n).tolist()
+            order = np.random.default_rng([s.seed, epoch]).permutation(n).tolist()
             for j in range(steps_per_epoch):
-                if time.monotonic() >= deadline:
+                if self._out_of_time(deadline):
                     res.stopped_by_time = True
                     break
                 mini = order[j * s.mini_batch_size:(j + 1) * s.mini_batch_size]
@@ -163,6 +166,17 @@ class SFTTrainer:
         if test is not None and len(test):
             res.metrics["sft/test_loss"] = self.evaluate_loss(test)
         return res
+
+    def _out_of_time(self, deadline: float) -> bool:
+        """The wall-clock cap, decided together: a rank stopping alone would leave the others in a collective."""
+        stop = time.monotonic() >= deadline
+        if self.world > 1:
+            import torch.distributed as dist
+
+            t = torch.tensor([float(stop)], device="cuda" if torch.cuda.is_available() else "cpu")
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            stop = bool(t.item() > 0)
+        return stop
 
     # -- export ---------------------------------------------------------------------------------------------
     def export_model(self) -> torch.nn.Module:
