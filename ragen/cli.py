@@ -18,11 +18,19 @@ bench_app = typer.Typer(no_args_is_help=True, help="Speed checks; print JSON.")
 config_app = typer.Typer(no_args_is_help=True, help="Resolve and show configs.")
 models_app = typer.Typer(no_args_is_help=True, help="Prepare and locate models.")
 sft_app = typer.Typer(no_args_is_help=True, help="SFT warm-start on solver demonstrations.")
+eval_app = typer.Typer(help="Score a checkpoint on a fixed seed panel (`ragen eval --checkpoint ... --panel ...`); "
+                            "`ragen eval panel` makes a panel.")
+experiments_app = typer.Typer(no_args_is_help=True, help="The paper's ablations as named experiments.")
+grid_app = typer.Typer(no_args_is_help=True, help="The ablation grid of params.yaml's `experiments` block (what the "
+                                                  "dvc.yaml ablation stages run).")
 app.add_typer(envs_app, name="envs")
 app.add_typer(bench_app, name="bench")
 app.add_typer(config_app, name="config")
 app.add_typer(models_app, name="models")
 app.add_typer(sft_app, name="sft")
+app.add_typer(eval_app, name="eval")
+app.add_typer(experiments_app, name="experiments")
+app.add_typer(grid_app, name="grid")
 
 PresetOpt = Annotated[list[str] | None, typer.Option("--preset", "-p", help="preset name(s), applied in order")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override key.sub=value (repeatable)")]
@@ -50,8 +58,9 @@ def config_show(params: ParamsOpt = None, preset: PresetOpt = None, overrides: S
 def config_params(params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None) -> None:
     """Print the resolved config as a commented params file (how params.yaml is generated)."""
     from ragen.config import PARAMS_HEADER, commented_yaml
+    from ragen.experiments import grid_yaml
 
-    typer.echo(commented_yaml(_config(params, preset, overrides), PARAMS_HEADER), nl=False)
+    typer.echo(commented_yaml(_config(params, preset, overrides), PARAMS_HEADER) + grid_yaml(), nl=False)
 
 
 @envs_app.command("list")
@@ -124,11 +133,29 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
                                                          "needed) or as plain calls")] = True,
               summary: Annotated[Path | None, typer.Option(help="write the run's final metrics here as JSON (the "
                                                                 "dvc.yaml train stage's metrics file)")] = None,
+              experiment: Annotated[str | None, typer.Option(help="a named experiment of the ablation grid "
+                                                             "(`ragen experiments list`): its scale preset, presets "
+                                                             "and overrides replace --params; --set comes last")]
+              = None,
+              scale: Annotated[str, typer.Option(help="the experiment's scale: cpu-small | paper")] = "cpu-small",
+              seed: Annotated[int, typer.Option(help="the experiment's trainer.seed")] = 0,
+              sweep: Annotated[str | None, typer.Option(help="MLflow parent run the experiment's run is a child "
+                                                        "of")] = None,
               ) -> None:
     """Train (or continue) a run: rollouts -> update -> eval per iteration, each iteration saved under runs/."""
     from ragen.run.loop import with_iterations
     from ragen.run.rundir import ResumeError
 
+    if experiment is not None:
+        from ragen.experiments import resolve
+
+        try:
+            r = resolve(experiment, scale, seed, overrides or [], sweep)
+        except KeyError as e:
+            typer.secho(str(e.args[0]), err=True, fg="red")
+            raise typer.Exit(2) from None
+        params, preset, overrides = None, list(r.presets), list(r.overrides)
+        run = r.run_name if run == "default" else run
     cfg = _config(params, preset, with_iterations(overrides, iterations))
     if run == "auto":  # dvc repro after a params.yaml edit: a new run, not a refused restart of the old one
         from ragen.run.rundir import config_name
@@ -352,6 +379,193 @@ def sft_eval_cmd(out: Annotated[Path, typer.Option(help="metrics JSON to write")
 
     cfg = _config(params, _sft_presets(params, preset), overrides)
     _print_format(f"format of {model or cfg.model.base}:", evaluate_stage(cfg, model, out))
+
+
+@eval_app.callback(invoke_without_command=True)
+def eval_cmd(ctx: typer.Context,
+             checkpoint: Annotated[str | None, typer.Option(help="model dir, checkpoint dir (actor/) or run dir "
+                                                            "(its last retained checkpoint)")] = None,
+             mlflow_model: Annotated[str | None, typer.Option(help="registered model, NAME@ALIAS (e.g. "
+                                                              "ragen-actor@champion) or NAME/VERSION")] = None,
+             panel: Annotated[Path | None, typer.Option(help="seed panel file (default: eval.panel)")] = None,
+             tags: Annotated[list[str] | None, typer.Option("--tag", help="panel tags to score (repeatable; "
+                                                            "default: eval.tags or all)")] = None,
+             out: Annotated[Path | None, typer.Option(help="output directory (eval.json + rollouts.parquet)")]
+             = None,
+             greedy: Annotated[bool, typer.Option("--greedy/--sample", help="argmax decoding instead of the "
+                                                  "validation temperature (0.5)")] = False,
+             samples: Annotated[int | None, typer.Option(help="rollouts per seed (eval.pass_k): pass@k")] = None,
+             best: Annotated[bool, typer.Option("--best/--last", help="for a run dir: its best-scored checkpoint "
+                                                "instead of the last")] = False,
+             log: Annotated[bool, typer.Option("--mlflow/--no-mlflow", help="log the scores to MLflow")] = True,
+             params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None) -> None:
+    """Score a model on a fixed seed panel: success, pass@k, reward, response length, format errors with 95% CIs.
+    The agent settings (turns, actions per turn, thinking) come from the config, or from a run directory's own
+    config.yaml when --checkpoint is a run and neither --params nor --preset is given."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from ragen.eval.evaluate import resolve_checkpoint
+
+    over = [*(overrides or [])]
+    if checkpoint is not None and params is None and not preset and (Path(checkpoint) / "config.yaml").is_file():
+        params = Path(checkpoint) / "config.yaml"  # score a run with the settings it trained with
+    if panel is not None:
+        over.append(f"eval.panel={panel}")
+    if tags:
+        over.append(f"eval.tags=[{','.join(tags)}]")
+    if samples is not None:
+        over.append(f"eval.pass_k={samples}")
+    cfg = _config(params, preset, over)
+    if cfg.eval.panel is None:
+        typer.secho("no panel: give --panel FILE (make one with `ragen eval panel --out FILE`)", err=True, fg="red")
+        raise typer.Exit(2)
+    from flows.evaluate import evaluate_flow
+
+    try:
+        if checkpoint is not None and best:
+            checkpoint = str(resolve_checkpoint(checkpoint, "best")[0])
+        name = Path(checkpoint).name if checkpoint else (mlflow_model or "model").replace("@", "-").replace("/", "-")
+        res = evaluate_flow(cfg, str(out or Path("reports/eval") / name), checkpoint, mlflow_model, greedy, log)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        typer.secho(str(e.args[0] if isinstance(e, KeyError) else e), err=True, fg="red")
+        raise typer.Exit(2) from None
+    _print_panel(res["metrics"])
+    typer.echo(f"wrote {res['out']}/eval.json (+ rollouts.parquet); model {res['model']}")
+
+
+def _print_panel(m: dict) -> None:
+    tags = [k[: -len("/success")] for k in m if k.endswith("/success") and not k.startswith("all/")]
+    typer.echo(f"{'tag':28s} {'success [95% CI]':24s} {'reward':>8s} {'resp len':>9s} {'format err':>10s}")
+    for t in tags:
+        typer.echo(f"{t:28s} {m[f'{t}/success']:6.3f} [{m[f'{t}/success_lo']:.3f}, {m[f'{t}/success_hi']:.3f}]"
+                   f"{'':3s} {m[f'{t}/reward']:8.3f} {m[f'{t}/response_length']:9.1f} "
+                   f"{m[f'{t}/format_error_rate']:10.3f}")
+
+
+@eval_app.command("panel")
+def eval_panel_cmd(out: Annotated[Path, typer.Option(help="panel JSON file to write")],
+                   scale: Annotated[str, typer.Option(help="seeds per tag: paper 256, cpu-small 32, tiny 4")]
+                   = "cpu-small",
+                   tags: Annotated[list[str] | None, typer.Option("--tag", help="tags (repeatable; default: the "
+                                                                  "paper's generalisation tags)")] = None,
+                   n: Annotated[int | None, typer.Option(help="seeds per tag (overrides --scale)")] = None,
+                   seed: Annotated[int, typer.Option(help="first seed (the original's val seed)")] = 123) -> None:
+    """Write a fixed evaluation panel: consecutive seed blocks per tag from --seed."""
+    from ragen.envs.registry import BUILTIN_TAGS
+    from ragen.eval.panels import GENERALISATION_TAGS, PANEL_SIZES, make_panel, write_panel
+
+    if n is None and scale not in PANEL_SIZES:
+        typer.secho(f"--scale must be one of {', '.join(PANEL_SIZES)}", err=True, fg="red")
+        raise typer.Exit(2)
+    chosen = list(tags or GENERALISATION_TAGS)
+    unknown = [t for t in chosen if t not in BUILTIN_TAGS]
+    if unknown:
+        typer.secho(f"unknown tag(s) {unknown}; known: {', '.join(sorted(BUILTIN_TAGS))}", err=True, fg="red")
+        raise typer.Exit(2)
+    p = write_panel(make_panel(scale if n is None else f"n{n}", chosen, n or PANEL_SIZES[scale], seed), out)
+    typer.echo(f"wrote {p}: {len(chosen)} tags x {n or PANEL_SIZES[scale]} seeds")
+
+
+@experiments_app.command("list")
+def experiments_list(finding: Annotated[str | None, typer.Option(help="only this table/figure, e.g. table3")]
+                     = None) -> None:
+    """The named experiments: name, the paper finding, scales, description."""
+    from ragen.experiments import EXPERIMENTS
+
+    for e in EXPERIMENTS.values():
+        if finding is None or e.finding == finding:
+            typer.echo(f"{e.name:24s} {e.kind:5s} {e.finding or '-':7s} {','.join(e.scales):16s} {e.description}")
+
+
+@experiments_app.command("show")
+def experiments_show(name: str, scale: Annotated[str, typer.Option(help="cpu-small | paper")] = "cpu-small",
+                     seed: int = 0) -> None:
+    """The presets and overrides one experiment runs with at a scale, and its resolved config."""
+    from ragen.experiments import resolve
+
+    try:
+        r = resolve(name, scale, seed)
+    except KeyError as e:
+        typer.secho(str(e.args[0]), err=True, fg="red")
+        raise typer.Exit(2) from None
+    typer.echo(f"# {r.experiment.description}\n# presets: {' '.join(r.presets)}\n# overrides:")
+    for o in r.overrides:
+        typer.echo(f"#   {o}")
+    import yaml
+
+    typer.echo(yaml.safe_dump(config_to_dict(_config(None, list(r.presets), list(r.overrides))), sort_keys=False))
+
+
+GridParams = Annotated[Path, typer.Option("--params", help="params file with the `experiments` block")]
+GridReports = Annotated[Path, typer.Option(help="per-run grid outputs")]
+
+
+def _grid_call(fn: object, *args: object) -> dict:
+    from ragen.run.rundir import ResumeError
+    from tasks.versioning import VersioningError
+
+    try:
+        return fn(*args)  # type: ignore[operator]
+    except (KeyError, ValueError, FileNotFoundError, ConfigError, ResumeError, VersioningError) as e:
+        typer.secho(str(e.args[0] if isinstance(e, KeyError) else e), err=True, fg="red")
+        raise typer.Exit(2) from None
+
+
+@grid_app.command("list")
+def grid_list(params: GridParams = Path("params.yaml")) -> None:
+    """The grid's runs (experiment x seed) at its scale, with their run names."""
+    from flows.ablations import grid_config
+    from ragen.experiments import read_grid
+
+    g = _grid_call(read_grid, params)
+    typer.echo(f"scale {g.scale}, sweep {g.sweep_name}, {len(g.runs())} runs")
+    for name, seed in g.runs():
+        r, cfg, run_name = grid_config(g, name, seed)
+        typer.echo(f"  {name:24s} seed {seed}  runs/{run_name}  ({cfg.trainer.total_training_steps} iterations, "
+                   f"{r.experiment.description})")
+
+
+@grid_app.command("train")
+def grid_train_cmd(name: Annotated[str, typer.Option(help="experiment name")], seed: int = 0,
+                   params: GridParams = Path("params.yaml"), reports: GridReports = Path("reports/grid")) -> None:
+    """Train one grid run (continuing it if it exists) and export its metrics to reports/grid/<name>-s<seed>/."""
+    from flows.ablations import grid_train
+
+    s = _grid_call(grid_train, name, seed, str(params), str(reports))
+    typer.echo(f"{name} seed {seed}: {s['iterations']} iterations in {s['run_dir']}; val score "
+               f"{s.get('val/score', float('nan')):.3f}")
+
+
+@grid_app.command("eval")
+def grid_eval_cmd(name: Annotated[str, typer.Option(help="experiment name")], seed: int = 0,
+                  params: GridParams = Path("params.yaml"), reports: GridReports = Path("reports/grid")) -> None:
+    """Score one trained grid run's last checkpoint on the panel (reports/grid/<name>-s<seed>/eval/)."""
+    from flows.ablations import grid_evaluate
+
+    res = _grid_call(grid_evaluate, name, seed, str(params), str(reports))
+    _print_panel(res["metrics"])
+
+
+@grid_app.command("report")
+def grid_report_cmd(params: GridParams = Path("params.yaml"), reports: GridReports = Path("reports/grid"),
+                    out: Annotated[Path, typer.Option(help="report markdown (figures beside it)")]
+                    = Path("reports/ablations.md")) -> None:
+    """Write the ablation report (ours vs the paper, verdicts, figures, Echo Trap table) from the scored runs."""
+    from flows.ablations import grid_report
+
+    res = _grid_call(grid_report, str(params), str(reports), str(out))
+    typer.echo(f"wrote {res['report']} ({res['scored']} runs scored"
+               + (f"; not yet: {', '.join(res['missing'])}" if res["missing"] else "") + f"), curves {res['curves']}")
+
+
+@grid_app.command("run")
+def grid_run_cmd(params: GridParams = Path("params.yaml"), reports: GridReports = Path("reports/grid"),
+                 out: Annotated[Path, typer.Option(help="report markdown")] = Path("reports/ablations.md")) -> None:
+    """The whole grid without DVC: every run not yet scored (train, evaluate), then the report."""
+    from flows.ablations import ablations_flow
+
+    res = _grid_call(ablations_flow, str(params), str(reports), str(out))
+    typer.echo(f"wrote {res['report']} ({res['scored']} runs scored)")
 
 
 @bench_app.command("envs")

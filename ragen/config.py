@@ -190,10 +190,12 @@ class TrainerConfig(_Section):
 
 
 class EvalConfig(_Section):
-    panel: str | None = Field(None, description="path of a fixed seed panel; default: envs.val seeds")
-    temperature: float = Field(0.5, ge=0.0)
-    do_sample: bool = True
-    pass_k: int = Field(1, ge=1)
+    """Evaluation on a fixed seed panel (ragen/eval); sampling is rollout.val_temperature / val_do_sample."""
+
+    panel: str | None = Field(None, description="seed panel file (ragen eval panel); set: the run's validation "
+                              "scores it instead of the envs.val seeds")
+    tags: list[str] | None = Field(None, description="panel tags to score; null: all of the panel's")
+    pass_k: int = Field(1, ge=1, description="rollouts per panel seed: pass@k = any of the k succeeds")
 
 
 class SFTConfig(_Section):
@@ -230,6 +232,15 @@ class SFTConfig(_Section):
     output: str = Field("models/sft-warmstart", description="checkpoint directory (actor/ is a model.base)")
 
 
+class DiagnosticsConfig(_Section):
+    """Echo Trap early warnings (ragen/algos/echo_trap.py), computed every iteration and logged as echo/*."""
+
+    window: int = Field(3, ge=1, description="iterations in the baseline and in the recent window")
+    std_collapse: float = Field(0.3, gt=0.0, description="warn when recent in-group reward std / baseline < this")
+    entropy_change: float = Field(0.5, gt=0.0, description="warn when |recent entropy / baseline - 1| > this")
+    grad_spike: float = Field(10.0, gt=1.0, description="warn when grad norm / median of earlier ones > this")
+
+
 class TrackingConfig(_Section):
     experiment: str = "ragen"
     mlflow_tracking_uri: str = "sqlite:///mlflow.db"
@@ -237,6 +248,8 @@ class TrackingConfig(_Section):
     registered_model: str | None = Field(None, description="MLflow model name; default: <experiment>-actor")
     dvc: bool = Field(True, description="version every iteration with DVC (the run dir must be in a DVC repo)")
     dvc_remote: str | None = Field(None, description="DVC remote name to push to; default: the repo's core.remote")
+    sweep: str | None = Field(None, description="MLflow parent run (by name) this run is a child of: an ablation grid")
+    tags: dict[str, str] = Field(default_factory=dict, description="extra MLflow run tags (experiment name, knobs)")
 
 
 class Config(_Section):
@@ -251,6 +264,7 @@ class Config(_Section):
     trainer: TrainerConfig = TrainerConfig()
     eval: EvalConfig = EvalConfig()
     sft: SFTConfig = SFTConfig()
+    diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     tracking: TrackingConfig = TrackingConfig()
     _tags: dict = PrivateAttr(default_factory=dict)
 
@@ -280,6 +294,9 @@ class Config(_Section):
                 f"{self.actor.ppo_mini_batch_size}; raise the ratio or the group count, or lower the mini-batch")
         if self.algorithm.bi_level_gae and (self.algorithm.adv_estimator != "gae" or self.agent.use_turn_scores):
             raise ValueError("algorithm.bi_level_gae needs algorithm.adv_estimator=gae and agent.use_turn_scores=false")
+        for tag in self.eval.tags or []:
+            if tag not in tags:
+                raise ValueError(f"eval.tags: unknown tag {tag!r}; known: {', '.join(sorted(tags))}")
         for tag in self.sft.tags:
             if tag not in tags:
                 raise ValueError(f"sft.tags: unknown tag {tag!r}; known: {', '.join(sorted(tags))}")
@@ -333,6 +350,18 @@ def _section_model(path: Sequence[str]) -> type[BaseModel] | None:
         else:
             return None
     return model
+
+
+def in_schema(key: str) -> bool:
+    """Whether a flattened key (``eval.temperature``) still names a schema field: a setting an old run's config has
+    but the schema dropped is not one (keys below free-form dicts count as in it)."""
+    path = key.split(".")
+    for i in range(len(path) - 1, 0, -1):
+        section = _section_model(path[:i])
+        if section is not None:
+            return (i == len(path) - 1 and path[i] in section.model_fields) or \
+                (path[i] in section.model_fields and _section_model(path[:i + 1]) is None)
+    return path[0] in Config.model_fields
 
 
 def _unknown_key_message(path: Sequence[str]) -> str:

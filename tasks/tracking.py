@@ -68,7 +68,10 @@ def start_tracking(cfg: Config, run: RunDir) -> str:
             client.update_run(run_id, status="RUNNING")
             return run_id
     tags = {"git_commit": git_commit(), "preset": ",".join(cfg.preset) or "none",
-            "experiment": cfg.tracking.experiment, "run_dir": str(run.root)}
+            "experiment": cfg.tracking.experiment, "run_dir": str(run.root), **cfg.tracking.tags}
+    parent = sweep_run(client, cfg)
+    if parent is not None:  # a child of its sweep: the MLflow UI nests it and compares it with its siblings
+        tags.update({"mlflow.parentRunId": parent, "ragen_sweep": str(cfg.tracking.sweep), "ragen_role": "child"})
     r = client.create_run(experiment_id(client, cfg), run_name=run.root.name, tags=tags)
     # the id first: a retry after a failed params batch must reuse this run, not create a second one
     write_text_atomic(id_file, f"{r.info.run_id}\n{cfg.tracking.mlflow_tracking_uri}\n")
@@ -260,3 +263,49 @@ def reported(run: RunDir, what: str, fn: Any, *args: Any) -> Any:
         with (run.root / FAILURES).open("a") as f:
             f.write(json.dumps({"what": what, "error": repr(e), "time": time.time()}) + "\n")
         return None
+
+
+def download_model(cfg: Config, spec: str, dest_root: str | Path = "models/mlflow") -> Path:
+    """A registered model version as a local model directory: ``NAME@ALIAS`` (e.g. ``ragen-actor@champion``) or
+    ``NAME/VERSION``; downloaded once to ``dest_root/NAME-vVERSION``."""
+    from mlflow.artifacts import download_artifacts
+    from mlflow.exceptions import MlflowException
+
+    name, sep, which = spec.partition("@") if "@" in spec else spec.partition("/")
+    if not name or not sep or not which:
+        raise ValueError(f"--mlflow-model {spec!r}: give NAME@ALIAS (e.g. {model_name(cfg)}@{CHAMPION}) or "
+                         f"NAME/VERSION")
+    client = _client(cfg)
+    try:
+        mv = client.get_model_version_by_alias(name, which) if sep == "@" else client.get_model_version(name, which)
+    except MlflowException as e:
+        raise ValueError(f"--mlflow-model {spec!r}: no such registered model version at "
+                         f"{cfg.tracking.mlflow_tracking_uri} ({e.message})") from None
+    dest = Path(dest_root) / f"{name}-v{mv.version}"
+    if not (dest / "config.json").is_file():
+        tmp = dest.with_name(dest.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        download_artifacts(artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=cfg.tracking.mlflow_tracking_uri)
+        got = next((p.parent for p in tmp.rglob("config.json")), None)
+        if got is None:
+            raise ValueError(f"--mlflow-model {spec!r}: version {mv.version} at {mv.source} holds no model "
+                             f"(config.json)")
+        shutil.rmtree(dest, ignore_errors=True)
+        got.rename(dest)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def sweep_run(client: Any, cfg: Config) -> str | None:
+    """The parent MLflow run of ``tracking.sweep`` in this experiment (created on first use), or None."""
+    if not cfg.tracking.sweep:
+        return None
+    exp = experiment_id(client, cfg)
+    found = client.search_runs([exp], f"tags.ragen_sweep = '{cfg.tracking.sweep}' and tags.ragen_role = 'sweep'",
+                               max_results=1)
+    if found:
+        return found[0].info.run_id
+    r = client.create_run(exp, run_name=cfg.tracking.sweep,
+                          tags={"ragen_sweep": cfg.tracking.sweep, "ragen_role": "sweep", "git_commit": git_commit()})
+    return r.info.run_id

@@ -116,7 +116,9 @@ def test_custom_tags_in_config():
 def test_params_yaml_is_the_generated_cpu_small_config():
     """params.yaml documents every key and must not drift from the schema."""
     path = ROOT / "params.yaml"
-    assert path.read_text() == commented_yaml(load_config(presets=["cpu-small"]), PARAMS_HEADER), \
+    from ragen.experiments import grid_yaml
+
+    assert path.read_text() == commented_yaml(load_config(presets=["cpu-small"]), PARAMS_HEADER) + grid_yaml(), \
         "params.yaml is stale: regenerate with `ragen config params --preset cpu-small > params.yaml`"
     assert load_config(path) == load_config(presets=["cpu-small"])
 

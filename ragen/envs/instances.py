@@ -67,7 +67,24 @@ def generate_instances(tags: Sequence[str], n_groups: Sequence[int], group_size:
     at seed + env_groups * k, val always at seed. One row per env."""
     env_groups = sum(n_groups)
     base = group_base_seed(mode, iteration, env_groups, seed)
-    plan = plan_instances(tags, n_groups, group_size, base, group_rng)
+    return build_instances(plan_instances(tags, n_groups, group_size, base, group_rng), iteration=iteration,
+                           mode=mode, tag_specs=tag_specs)
+
+
+def seeded_instances(tag_seeds: Sequence[tuple[str, int]], group_size: int, *, mode: Literal["train", "val"] = "val",
+                     group_rng: GroupRng = "independent",
+                     tag_specs: Mapping[str, TagSpec] | None = None) -> pd.DataFrame:
+    """Instances for an explicit list of (tag, seed), one group of ``group_size`` per entry (evaluation panels)."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    plan = [Instance(g * group_size + m, tag, g, m, int(seed), member_stream(m, group_rng))
+            for g, (tag, seed) in enumerate(tag_seeds) for m in range(group_size)]
+    return build_instances(plan, iteration=0, mode=mode, tag_specs=tag_specs)
+
+
+def build_instances(plan: Sequence[Instance], *, iteration: int, mode: str,
+                    tag_specs: Mapping[str, TagSpec] | None = None) -> pd.DataFrame:
+    """Reset one env per group of the plan to read its initial state (members share it)."""
     envs: dict[str, TextEnv] = {}
     rows = []
     cached: dict[int, tuple[str, int | None]] = {}

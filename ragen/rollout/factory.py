@@ -9,6 +9,15 @@ from ragen.models import ensure_model
 from ragen.rollout.engine import Engine
 
 
+def make_renderer(cfg: Config) -> Any:
+    """The chat renderer over the run's tokenizer (``model.tokenizer``, default the base model's)."""
+    from ragen.agent.chat import ChatRenderer
+    from ragen.models import load_tokenizer
+
+    m = cfg.model
+    return ChatRenderer(load_tokenizer(m.base, m.tokenizer, m.trust_remote_code), m.end_of_turn_token)
+
+
 def make_engine(cfg: Config, tokenizer: Any, *, model_path: str | None = None, engine: str | None = None) -> Engine:
     """``rollout.engine`` (or ``engine``) over ``model_path`` (default: ``model.base``, built once if an alias)."""
     path = model_path or ensure_model(cfg.model.base)

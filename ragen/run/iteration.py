@@ -134,17 +134,36 @@ def update_policy(rt: Runtime, run: RunDir, k: int, batch: Batch) -> dict[str, f
 
 
 def evaluate(rt: Runtime, out: Path) -> dict[str, float]:
-    """Score the current weights on the fixed validation seeds (envs.val), written to ``out`` as JSON."""
-    from ragen.rollout.runner import collect
-
+    """Score the current weights on the fixed validation seeds (the ``eval.panel`` when set, else envs.val),
+    written to ``out`` as JSON."""
     t0 = time.monotonic()
-    c = collect(rt.cfg, rt.engine, rt.renderer, mode="val")
-    metrics = {f"val/{key}": v for key, v in c.metrics.items() if not key.startswith(("timing_s", "rollout/"))}
-    metrics["val/score"] = float(c.rollouts["score"].mean())
+    if rt.cfg.eval.panel is not None:
+        from ragen.eval.evaluate import evaluate_panel, load_panel
+
+        res = evaluate_panel(rt.cfg, rt.engine, rt.renderer, load_panel(rt.cfg))
+        rollouts, found = res.rollouts, res.metrics
+    else:
+        from ragen.rollout.runner import collect
+
+        c = collect(rt.cfg, rt.engine, rt.renderer, mode="val")
+        rollouts, found = c.rollouts, c.metrics
+    metrics = {f"val/{key}": v for key, v in found.items() if not key.startswith(("timing_s", "rollout/", "eval/"))}
+    metrics["val/score"] = float(rollouts["score"].mean())
     metrics["timing_s/eval"] = time.monotonic() - t0
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, metrics)
     return metrics
+
+
+def diagnose(cfg: Config, run: RunDir, k: int, metrics: dict[str, float]) -> dict[str, float]:
+    """Echo Trap warnings at iteration k from the metrics of iterations 0..k-1 (on disk) and k's."""
+    from ragen.algos.echo_trap import echo_trap
+
+    history = [json.loads(p.read_text()) for j in run.completed() if j < k
+               and (p := run.iteration(j) / "metrics.json").is_file()]
+    d = cfg.diagnostics
+    return echo_trap([*history, metrics], window=d.window, std_collapse=d.std_collapse,
+                     entropy_change=d.entropy_change, grad_spike=d.grad_spike)
 
 
 def should_evaluate(cfg: Config, k: int, last: int) -> bool:

@@ -46,6 +46,7 @@ def run_iteration(rt: Runtime, run: RunDir, k: int, last: int, ops: ModuleType |
     metrics.update(ops.update_policy(rt, run, k, ops.filter_batch(rt.cfg, run, k, rollouts)))
     if should_evaluate(rt.cfg, k, last):
         metrics.update(ops.evaluate(rt, run.iteration(k) / "eval.json"))
+    metrics.update(plain_ops.diagnose(rt.cfg, run, k, metrics))  # cheap and pure: no task of its own
     metrics["timing_s/iteration"] = time.monotonic() - t0
     ops.finish_iteration(rt.cfg, run, k, metrics)
     return metrics

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from ragen.config import Config, config_to_dict, flatten
+from ragen.config import Config, config_to_dict, flatten, in_schema
 
 MARKER = "COMPLETE"
 CHECKPOINTS = "checkpoints"
@@ -33,7 +33,7 @@ DVC_SUFFIX = ".dvc"
 _ITER = re.compile(r"^iter_(\d{5})$")
 # keys that may differ between the first start of a run and its resume without changing its data
 # (prefixes: where runs are logged and versioned is not part of what they compute)
-RESUME_FREE = ("trainer.total_training_steps", "rollout.progress", "tracking.")
+RESUME_FREE = ("trainer.total_training_steps", "rollout.progress", "tracking.", "diagnostics.")
 
 
 class ResumeError(RuntimeError):
@@ -125,7 +125,9 @@ class RunDir:
             old = yaml.safe_load(path.read_text()) or {}
             # a key the run's config predates counts as its schema default (runs survive schema additions)
             defaults = flatten(config_to_dict(type(cfg)()))
-            a = identity({**{k: v for k, v in defaults.items() if k not in flatten(old)}, **flatten(old)})
+            # and a key the schema has since dropped does not count at all
+            a = identity({**{k: v for k, v in defaults.items() if k not in flatten(old)},
+                          **{k: v for k, v in flatten(old).items() if in_schema(k)}})
             b = identity(flatten(new))
             diff = sorted(k for k in set(a) | set(b) if not k.startswith(RESUME_FREE) and a.get(k) != b.get(k))
             if diff:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen.config import Config, config_to_dict, flatten
-from ragen.train.checkpoint import is_complete
+from ragen.train.checkpoint import is_complete, model_dir
 
 EVAL_FILES = {"before": "eval_before.json", "after": "eval_after.json"}
 HISTORY = "history.jsonl"
@@ -86,10 +86,9 @@ def warm_start_path(cfg: Config) -> str | None:
                              f"(its demo turns take up to {need} tokens, think included): raise "
                              f"rollout.response_length to at least {need}")
         return str(Path(cfg.sft.output) / "actor")
-    p = Path(ws)
-    actor = p / "actor" if (p / "actor" / "config.json").is_file() else p
-    if not (actor / "config.json").is_file():
-        raise FileNotFoundError(f"model.warm_start={ws!r}: neither {p}/actor nor {p} is a model directory with "
+    actor = model_dir(ws)
+    if actor is None:
+        raise FileNotFoundError(f"model.warm_start={ws!r}: neither {ws}/actor nor {ws} is a model directory with "
                                 f"config.json; point it at an SFT checkpoint (made by `ragen sft`)")
     return str(actor)
 
@@ -103,11 +102,9 @@ def ensure_warm_start(cfg: Config) -> str | None:
 
 # -- stages ------------------------------------------------------------------------------------------------------
 def _renderer(cfg: Config) -> Any:
-    from ragen.agent.chat import ChatRenderer
-    from ragen.models import load_tokenizer
+    from ragen.rollout.factory import make_renderer
 
-    m = cfg.model
-    return ChatRenderer(load_tokenizer(m.base, m.tokenizer, m.trust_remote_code), m.end_of_turn_token)
+    return make_renderer(cfg)
 
 
 def make_demos_stage(cfg: Config, out: str | Path | None = None, *, progress: bool = False) -> Path:

@@ -18,6 +18,15 @@ def is_complete(path: str | Path) -> bool:
     return (Path(path) / COMPLETE).is_file()
 
 
+def model_dir(path: str | Path) -> Path | None:
+    """The loadable model inside a checkpoint (``path/actor``) or ``path`` itself if it is one; else None."""
+    p = Path(path)
+    for d in (p / "actor", p):
+        if (d / "config.json").is_file():
+            return d
+    return None
+
+
 def _barrier(world: int) -> None:
     if world > 1:
         import torch.distributed as dist

@@ -1,0 +1,58 @@
+"""Confidence intervals as pure functions: Wilson score intervals for rates, a normal interval for means."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial rate (stays inside [0, 1] and is sensible at 0 or n successes)."""
+    if n <= 0:
+        return math.nan, math.nan
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be in [0, {n}], got {successes}")
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    # at 0 or n successes the bound is exactly 0 or 1 (rounding would leave it a hair inside)
+    return (0.0 if successes == 0 else max(0.0, centre - half)), (1.0 if successes == n else min(1.0, centre + half))
+
+
+def mean_interval(values: Sequence[float], z: float = Z95) -> tuple[float, float, float]:
+    """Mean and its normal-approximation interval, mean +- z * s / sqrt(n) with the unbiased s (n < 2: the
+    interval is the mean itself)."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    m = math.fsum(values) / n
+    if n < 2:
+        return m, m, m
+    s = math.sqrt(math.fsum((v - m) ** 2 for v in values) / (n - 1))
+    half = z * s / math.sqrt(n)
+    return m, m - half, m + half
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c successes: 1 - C(n - c, k) / C(n, k) (Chen et al., 2021)."""
+    if not 0 < k <= n or not 0 <= c <= n:
+        raise ValueError(f"need 0 < k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def two_proportion_z(hits_a: float, n_a: int, hits_b: float, n_b: int) -> tuple[float, float]:
+    """Difference of two rates (a - b) and its z statistic under the unpooled normal approximation; z is 0 when
+    both rates are 0 or 1 (no evidence either way) and NaN when a sample is empty."""
+    if n_a <= 0 or n_b <= 0:
+        return math.nan, math.nan
+    pa, pb = hits_a / n_a, hits_b / n_b
+    se = math.sqrt(pa * (1 - pa) / n_a + pb * (1 - pb) / n_b)
+    d = pa - pb
+    if se == 0:
+        return d, 0.0 if d == 0 else math.copysign(math.inf, d)
+    return d, d / se

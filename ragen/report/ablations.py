@@ -1,0 +1,213 @@
+"""The ablation report: for each paper finding, our numbers beside the paper's, with 95% CIs, the scale they
+came from and a verdict per claimed ordering (reproduced / not reproduced / inconclusive at this scale), plus
+bar charts, training curves and the Echo Trap warnings of every run. Input: one ``GridResult`` per grid run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ragen.algos.echo_trap import first_warning
+from ragen.eval.stats import Z95, two_proportion_z, wilson
+from ragen.report.paper import FINDINGS, Finding
+
+
+@dataclass
+class GridResult:
+    experiment: str
+    seed: int
+    eval: Mapping[str, float]  # ragen.eval.metrics.panel_metrics of the final checkpoint
+    history: Sequence[Mapping[str, float]] = field(default_factory=list)  # metrics.json per iteration
+
+
+def pooled(results: Sequence[GridResult], experiment: str, tag: str) -> tuple[float, int] | None:
+    """Successes and episodes of ``tag`` over every seed of ``experiment`` (None: not run or not scored there)."""
+    hits, n = 0.0, 0
+    for r in results:
+        if r.experiment == experiment and f"{tag}/success" in r.eval:
+            k = int(r.eval[f"{tag}/episodes"])
+            hits += r.eval[f"{tag}/success"] * k
+            n += k
+    return (round(hits), n) if n else None
+
+
+def claim_verdict(better: tuple[float, int] | None, worse: tuple[float, int] | None) -> tuple[str, float, float]:
+    """``reproduced`` when ours is significantly higher as claimed (two-sided 95%), ``not reproduced`` when
+    significantly lower, else ``inconclusive``; ``not run`` without both; plus the difference and z."""
+    if better is None or worse is None:
+        return "not run", math.nan, math.nan
+    d, z = two_proportion_z(better[0], better[1], worse[0], worse[1])
+    if z > Z95:
+        return "reproduced", d, z
+    if z < -Z95:
+        return "not reproduced", d, z
+    return "inconclusive", d, z
+
+
+def finding_verdict(verdicts: Sequence[str]) -> str:
+    run = [v for v in verdicts if v != "not run"]
+    if not run:
+        return "not run"
+    if all(v == "reproduced" for v in run):
+        return "reproduced"
+    if all(v == "not reproduced" for v in run):
+        return "not reproduced"
+    if any(v == "reproduced" for v in run) and any(v == "not reproduced" for v in run):
+        return "mixed"
+    return "inconclusive at this scale"
+
+
+def _pct(x: float) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}"
+
+
+def _cell(p: tuple[float, int] | None) -> str:
+    if p is None:
+        return "-"
+    lo, hi = wilson(p[0], p[1])
+    return f"{_pct(p[0] / p[1])} [{_pct(lo)}, {_pct(hi)}] (n={p[1]})"
+
+
+def experiments_of(f: Finding) -> list[str]:
+    names = list(dict.fromkeys([e for e, _ in f.values] + [x for c in f.claims for x in c[:2]]))
+    from ragen.experiments import EXPERIMENTS
+
+    names += [n for n, e in EXPERIMENTS.items() if e.finding == f.key and n not in names]
+    return names
+
+
+def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, title: str = "Ablations",
+                 notes: Sequence[str] = ()) -> Path:
+    """``out`` (a .md path) plus ``<stem>/*.png`` beside it; returns the markdown path."""
+    out = Path(out)
+    fig_dir = out.with_suffix("")
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    ran = {r.experiment for r in results}
+    seeds = sorted({r.seed for r in results})
+    intro = [f"# {title}", "",
+             f"Scale **{scale}**; {len(results)} runs ({len(ran)} experiments x seeds {seeds}). Success rates in %"
+             f" on the fixed evaluation panel, 95% Wilson intervals, episodes pooled over seeds. Paper values are "
+             f"exact table entries or, for figures, approximate readings of the curves' ends (REFERENCE 6). A "
+             f"claim is *reproduced* when our difference has the paper's sign at 95% (two-proportion z), "
+             f"*not reproduced* when it has the opposite sign at 95%, else *inconclusive at this scale*.", "",
+             *notes, ""]
+    lines: list[str] = []
+    summary = []
+    for f in FINDINGS.values():
+        names = [n for n in experiments_of(f) if n in ran]
+        if not names:
+            summary.append((f, "not run"))
+            continue
+        lines += [f"## {f.title}", "", f"Paper: {f.statement}", ""]
+        header = "| experiment | " + " | ".join(f"{t} ours | {t} paper" for t in f.tags) + " |"
+        lines += [header, "|" + "---|" * (1 + 2 * len(f.tags))]
+        for n in names:
+            cells = []
+            for t in f.tags:
+                cells += [_cell(pooled(results, n, t)), _pct(f.values[(n, t)]) if (n, t) in f.values else "-"]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        lines += ["", "| claim | tag | difference (pp) | z | verdict |", "|---|---|---|---|---|"]
+        verdicts = []
+        for better, worse, tag in f.claims:
+            v, d, z = claim_verdict(pooled(results, better, tag), pooled(results, worse, tag))
+            verdicts.append(v)
+            lines.append(f"| {better} > {worse} | {tag} | {_pct(d) if not math.isnan(d) else '-'} | "
+                         f"{'-' if math.isnan(z) else f'{z:.2f}'} | {v} |")
+        fv = finding_verdict(verdicts)
+        summary.append((f, fv))
+        lines += ["", f"**Verdict at {scale}: {fv}.**", ""]
+        png = _bar_chart(f, names, results, fig_dir / f"{f.key}.png")
+        curves = _curves(f, names, results, fig_dir / f"{f.key}-curves.png")
+        lines += [f"![{f.key}]({fig_dir.name}/{png.name})", ""]
+        if curves is not None:
+            lines += [f"![{f.key} curves]({fig_dir.name}/{curves.name})", ""]
+    lines += ["## Echo Trap diagnostics", "",
+              "Per run: the first iteration with an early warning (in-group reward std collapse, entropy shift or "
+              "grad-norm spike, thresholds in `diagnostics.*`), and the final std ratio and grad-norm ratio.", "",
+              "| run | iterations | first warning | std ratio | grad-norm ratio | entropy change |",
+              "|---|---|---|---|---|---|"]
+    for r in results:
+        last = r.history[-1] if r.history else {}
+        fw = first_warning(r.history) if r.history else None
+        lines.append(f"| {r.experiment}-s{r.seed} | {len(r.history)} | {'-' if fw is None else fw} | "
+                     f"{_num(last.get('echo/std_ratio'))} | {_num(last.get('echo/grad_norm_ratio'))} | "
+                     f"{_num(last.get('echo/entropy_change'))} |")
+    head = ["## Summary", "", "| finding | verdict |", "|---|---|", *[f"| {f.title} | {v} |" for f, v in summary], ""]
+    out.write_text("\n".join(intro + head + lines) + "\n")
+    return out
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.3g}"
+
+
+def _bar_chart(f: Finding, names: list[str], results: Sequence[GridResult], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(f.tags), figsize=(max(4.0, 0.7 * len(names) + 1.5) * len(f.tags), 3.6),
+                             squeeze=False)
+    for ax, tag in zip(axes[0], f.tags, strict=True):
+        xs = range(len(names))
+        ours, err_lo, err_hi = [], [], []
+        for n in names:
+            p = pooled(results, n, tag)
+            if p is None:
+                ours.append(math.nan)
+                err_lo.append(0.0)
+                err_hi.append(0.0)
+                continue
+            rate = p[0] / p[1]
+            lo, hi = wilson(p[0], p[1])
+            ours.append(rate)
+            err_lo.append(rate - lo)
+            err_hi.append(hi - rate)
+        ax.bar(xs, ours, yerr=[err_lo, err_hi], capsize=3, color="#4c72b0", label="ours (95% CI)")
+        paper = [f.values.get((n, tag), math.nan) for n in names]
+        ax.scatter(xs, paper, marker="D", color="#dd8452", zorder=3, label="paper")
+        ax.set_xticks(list(xs), names, rotation=40, ha="right", fontsize=7)
+        ax.set_ylim(0, 1.05)
+        ax.set_title(tag, fontsize=9)
+        ax.set_ylabel("success rate")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _curves(f: Finding, names: list[str], results: Sequence[GridResult], path: Path) -> Path | None:
+    """Validation success over iterations (mean over the finding's tags) and in-group reward std, per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in results if r.experiment in names and r.history]
+    if not runs:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for r in runs:
+        xs, ys = [], []
+        for k, h in enumerate(r.history):
+            vals = [h[f"val/{t}/success"] for t in f.tags if f"val/{t}/success" in h]
+            if vals:
+                xs.append(k + 1)
+                ys.append(sum(vals) / len(vals))
+        a.plot(xs, ys, marker="o", label=f"{r.experiment}-s{r.seed}")
+        b.plot(range(1, len(r.history) + 1), [h.get("rollout/in_group_std", math.nan) for h in r.history])
+    a.set_xlabel("iteration")
+    a.set_ylabel("val success (mean over tags)")
+    b.set_xlabel("iteration")
+    b.set_ylabel("in-group reward std")
+    a.legend(fontsize=6)
+    fig.suptitle(f.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,166 @@
+"""Evaluation panels and metrics against hand-computed values; Echo Trap warnings; report verdicts; every named
+experiment resolves to a valid config at each of its scales."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ragen.algos.echo_trap import echo_trap, first_warning
+from ragen.config import load_config
+from ragen.eval.metrics import panel_metrics
+from ragen.eval.panels import make_panel, read_panel, write_panel
+from ragen.eval.stats import mean_interval, pass_at_k, two_proportion_z, wilson
+from ragen.experiments import EXPERIMENTS, Grid, grid_yaml, read_grid, resolve
+from ragen.report.ablations import GridResult, claim_verdict, finding_verdict, pooled, write_report
+
+
+def test_wilson_matches_hand_values():
+    # 8 of 10, z = 1.96: centre (0.8 + 0.19208) / 1.38416 = 0.71674, half 1.96 * sqrt(0.025604) / 1.38416 = 0.22658
+    lo, hi = wilson(8, 10, z=1.96)
+    assert lo == pytest.approx(0.49016, abs=1e-4) and hi == pytest.approx(0.94332, abs=1e-4)
+    lo, hi = wilson(0, 10, z=1.96)  # never below 0, and not degenerate at 0 successes
+    assert lo == 0.0 and hi == pytest.approx(0.27753, abs=1e-4)
+    assert all(math.isnan(x) for x in wilson(0, 0))
+    with pytest.raises(ValueError, match="successes"):
+        wilson(11, 10)
+
+
+@given(st.integers(0, 200), st.integers(1, 200))
+def test_wilson_interval_contains_the_rate(k, n):
+    k = min(k, n)
+    lo, hi = wilson(k, n)
+    assert 0 <= lo <= k / n <= hi <= 1
+
+
+def test_mean_interval_and_pass_at_k():
+    m, lo, hi = mean_interval([1.0, 2.0, 3.0, 4.0], z=2.0)  # s = 1.29099, half = 2 * s / 2
+    assert (m, lo, hi) == pytest.approx((2.5, 2.5 - 1.29099, 2.5 + 1.29099), abs=1e-4)
+    assert mean_interval([5.0]) == (5.0, 5.0, 5.0)
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25) and pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2)
+    assert pass_at_k(4, 3, 2) == 1.0 and pass_at_k(4, 0, 4) == 0.0
+    d, z = two_proportion_z(30, 100, 10, 100)  # se = sqrt(.21/100 + .09/100)
+    assert d == pytest.approx(0.2) and z == pytest.approx(0.2 / math.sqrt(0.003))
+    assert two_proportion_z(0, 10, 0, 10) == (0.0, 0.0)
+
+
+def _rollouts(rows):
+    return pd.DataFrame([{"tag": t, "group": g, "success": s, "score": r, "response_length": n,
+                          "turn_format_error": e} for t, g, s, r, n, e in rows])
+
+
+def test_panel_metrics_per_tag_by_hand():
+    df = _rollouts([("A", 0, True, 1.0, 10, [False]), ("A", 0, False, 0.0, 20, [True]),
+                    ("A", 1, False, 0.0, 30, [False]), ("A", 1, False, -0.1, 40, [True]),
+                    ("B", 2, True, 1.0, 5, [False, False]), ("B", 2, True, 1.0, 7, [False, True])])
+    m = panel_metrics(df)
+    assert m["A/success"] == 0.25 and (m["A/success_lo"], m["A/success_hi"]) == pytest.approx(wilson(1, 4))
+    assert m["A/pass@2"] == pytest.approx(0.5)  # seed 0: n - c = 1 < k = 2, so 1; seed 1: 0
+    assert (m["A/pass@2_lo"], m["A/pass@2_hi"]) == pytest.approx(wilson(1, 2))
+    assert m["A/reward"] == pytest.approx(0.225) and m["A/response_length"] == 25.0
+    assert m["A/format_error_rate"] == 0.5 and m["B/format_error_rate"] == 0.25
+    assert m["A/episodes"] == 4 and m["A/seeds"] == 2 and m["B/success"] == 1.0
+    assert m["all/success"] == pytest.approx((0.25 + 1.0) / 2)
+
+
+def test_panel_files_round_trip_and_bad_files_name_the_fix(tmp_path):
+    p = make_panel("t", ["Bandit", "FrozenLake"], 3)
+    assert p.seeds == {"Bandit": (123, 124, 125), "FrozenLake": (126, 127, 128)}  # REFERENCE 1.6 layout
+    path = write_panel(p, tmp_path / "p.json")
+    assert read_panel(path) == p and read_panel(path).select(["FrozenLake"]).pairs() == [("FrozenLake", s)
+                                                                                        for s in (126, 127, 128)]
+    with pytest.raises(KeyError, match="no seeds for"):
+        p.select(["SimpleSokoban"])
+    with pytest.raises(FileNotFoundError, match="ragen eval panel"):
+        read_panel(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    for text, msg in (("{", "not valid JSON"), ('{"seeds": {"Bandit": [1, 1]}}', "repeat"),
+                      ('{"seeds": {"Bandit": [-1]}}', "integers >= 0"), ('{"seeds": {}}', "expected")):
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=msg):
+            read_panel(bad)
+    bad.write_text('{"seeds": {"Bandits": [1]}}')
+    with pytest.raises(ValueError, match="unknown tag 'Bandits'"):
+        read_panel(bad, known_tags=["Bandit"])
+
+
+def test_echo_trap_flags_by_hand():
+    healthy = [{"rollout/in_group_std": 0.5, "actor/entropy_loss": 2.0, "actor/grad_norm": 1.0}] * 6
+    d = echo_trap(healthy)
+    assert d["echo/std_ratio"] == 1.0 and d["echo/entropy_change"] == 0.0 and d["echo/grad_norm_ratio"] == 1.0
+    assert d["echo/warning"] == 0.0
+    collapsing = healthy[:3] + [{"rollout/in_group_std": 0.1, "actor/entropy_loss": 2.0, "actor/grad_norm": 1.0}] * 3
+    d = echo_trap(collapsing)
+    assert d["echo/std_ratio"] == pytest.approx(0.2) and d["echo/std_collapse"] == 1.0 and d["echo/warning"] == 1.0
+    spike = healthy[:4] + [{**healthy[0], "actor/grad_norm": 50.0}]
+    assert echo_trap(spike)["echo/grad_spike"] == 1.0 and "echo/std_ratio" not in echo_trap(spike)
+    assert first_warning(collapsing) == 5 and first_warning(healthy) is None
+
+
+def test_claim_and_finding_verdicts():
+    assert claim_verdict((60, 100), (30, 100))[0] == "reproduced"
+    assert claim_verdict((30, 100), (60, 100))[0] == "not reproduced"
+    assert claim_verdict((31, 100), (30, 100))[0] == "inconclusive"
+    assert claim_verdict(None, (30, 100))[0] == "not run"
+    assert finding_verdict(["reproduced", "reproduced"]) == "reproduced"
+    assert finding_verdict(["reproduced", "inconclusive"]) == "inconclusive at this scale"
+    assert finding_verdict(["reproduced", "not reproduced"]) == "mixed"
+    assert finding_verdict(["not run"]) == "not run"
+
+
+def test_report_puts_ours_beside_the_paper(tmp_path):
+    ev = {"Bandit/success": 0.75, "Bandit/episodes": 32.0}
+    hist = [{"rollout/in_group_std": 0.4, "actor/grad_norm": 1.0, "val/Bandit/success": 0.5}] * 3
+    res = [GridResult("starpo-s-bandit", 0, ev, hist),
+           GridResult("starpo-ppo-bandit", 0, {"Bandit/success": 0.25, "Bandit/episodes": 32.0}, hist)]
+    assert pooled(res, "starpo-s-bandit", "Bandit") == (24, 32)
+    md = write_report(res, "cpu-small", tmp_path / "ablations.md").read_text()
+    assert "| starpo-s-bandit | 75.0 [" in md and "| 100.0 |" in md  # ours, then the paper's 1.0
+    assert "| starpo-s-bandit > starpo-ppo-bandit | Bandit | 50.0 |" in md and "reproduced" in md
+    assert (tmp_path / "ablations" / "fig9.png").stat().st_size > 1000
+    assert "## Echo Trap diagnostics" in md and "| starpo-s-bandit-s0 | 3 |" in md
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in EXPERIMENTS.items() if e.kind == "train"))
+def test_every_experiment_resolves_to_a_valid_config_at_its_scales(name):
+    for scale in EXPERIMENTS[name].scales:
+        r = resolve(name, scale, seed=1, sweep="s")
+        cfg = load_config(None, list(r.presets), list(r.overrides))
+        assert cfg.trainer.seed == 1 and cfg.tracking.sweep == "s" and cfg.tracking.tags["experiment_name"] == name
+        assert cfg.eval.panel == f"data/panels/{scale}.json" and cfg.eval.tags
+
+
+def test_experiment_knobs_reach_the_config():
+    g = load_config(None, *map(list, (resolve("granularity-6", "cpu-small").presets,
+                                      resolve("granularity-6", "cpu-small").overrides)))
+    assert g.agent.max_actions_per_turn == 6 and g.tag_specs()["SimpleSokoban"].max_actions_per_traj == 30
+    o = resolve("online-5", "paper")
+    c = load_config(None, list(o.presets), list(o.overrides))
+    assert c.envs.train.n_groups == [40] and c.trainer.total_training_steps == 40
+    kept = int(c.algorithm.filter_ratio * 40) * c.envs.train.group_size
+    assert kept // c.actor.ppo_mini_batch_size == 5  # five updates per rollout
+    assert resolve("online-5", "paper").tags["rollout_frequency"] == "5"
+    with pytest.raises(KeyError, match="does not run at scale cpu-small"):
+        resolve("diversity-r32", "cpu-small")
+    with pytest.raises(KeyError, match="did you mean 'granularity-5'"):
+        resolve("granularity5", "cpu-small")
+
+
+def test_grid_block_round_trips_and_bad_blocks_are_named(tmp_path):
+    p = tmp_path / "params.yaml"
+    p.write_text(grid_yaml(Grid(seeds=(0, 1), run=("online-1",), overrides=("actor.lr=1e-5",))))
+    g = read_grid(p)
+    assert g.runs() == [("online-1", 0), ("online-1", 1)] and g.overrides == ("actor.lr=1e-5",)
+    assert g.sweep_name == "ablations-cpu-small"
+    p.write_text("experiments: {scale: gpu}\n")
+    with pytest.raises(KeyError, match=r"experiments\.scale='gpu'"):
+        read_grid(p)
+    p.write_text("experiments: {runs: [online-1]}\n")
+    with pytest.raises(KeyError, match="unknown key"):
+        read_grid(p)
+    p.write_text(json.dumps({"experiments": {"run": ["diversity-r32"]}}))
+    with pytest.raises(KeyError, match="does not run at scale"):
+        read_grid(p)
