@@ -53,7 +53,7 @@ def grid_evaluate(name: str, seed: int = 0, params: str = "params.yaml", reports
 @flow(name="ragen-grid-report", persist_result=False)
 def grid_report(params: str = "params.yaml", reports: str = REPORTS, out: str = REPORT) -> dict[str, Any]:
     grid = read_grid(params)
-    res = tasks.write_report(reports, grid.runs(), grid.scale, out)
+    res = tasks.write_report(reports, grid.runs(), grid.scale, out, list(grid.overrides))
     _, cfg, _ = grid_config(grid, grid.run[0], grid.seeds[0])
     try:
         res["mlflow_parent"] = tasks.log_report(cfg, res["report"])

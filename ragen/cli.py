@@ -558,6 +558,22 @@ def grid_report_cmd(params: GridParams = Path("params.yaml"), reports: GridRepor
                + (f"; not yet: {', '.join(res['missing'])}" if res["missing"] else "") + f"), curves {res['curves']}")
 
 
+@grid_app.command("plots")
+def grid_plots_cmd(out: Annotated[Path, typer.Option(help="folder for index.html")] = Path("reports/plots"),
+                   repo: Annotated[Path, typer.Option(help="the DVC project (its dvc.yaml plots)")] = Path("."))\
+        -> None:
+    """`dvc plots show` with vega, vega-lite and vega-embed inlined, so the page renders offline (DVC's own page
+    loads them from a CDN). The scripts come once from their npm packages into ~/.cache/ragen/vega."""
+    from ragen.report.vega_offline import ensure_template, render_dvc_plots
+
+    try:
+        page = render_dvc_plots(repo, out, ensure_template())
+    except (FileNotFoundError, RuntimeError) as e:
+        typer.secho(str(e), err=True, fg="red")
+        raise typer.Exit(2) from None
+    typer.echo(f"wrote {page} (self-contained: open it in any browser, no network needed)")
+
+
 @grid_app.command("run")
 def grid_run_cmd(params: GridParams = Path("params.yaml"), reports: GridReports = Path("reports/grid"),
                  out: Annotated[Path, typer.Option(help="report markdown")] = Path("reports/ablations.md")) -> None:

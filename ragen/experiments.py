@@ -100,7 +100,7 @@ def _diversity() -> list[Experiment]:
         scale = {"paper": (f"envs.train.n_groups=[{128 // r}]", f"envs.train.group_size={r}"),
                  "cpu-small": (*MULTI_TURN_CPU, f"envs.train.n_groups=[{64 // r}]", f"envs.train.group_size={r}")}
         out.append(Experiment(f"diversity-r{r}", "train", ("starpo-s",), SOKOBAN,
-                              f"{r} responses per prompt at a fixed batch", "table2",
+                              f"{r} response{'s' if r > 1 else ''} per prompt at a fixed batch", "table2",
                               {"responses_per_prompt": str(r), "env": "sokoban"}, scale,
                               ("cpu-small", "paper") if r <= 16 else ("paper",)))
     return out
@@ -114,7 +114,7 @@ def _granularity() -> list[Experiment]:
                                  ("SimpleSokoban", "LargerSokoban", "SokobanDifferentGridVocab", "FrozenLake")) + "}"
         out.append(Experiment(f"granularity-{k}", "train", ("starpo-s",),
                               (*SOKOBAN, f"agent.max_actions_per_turn={k}", f"envs.custom={budget}"),
-                              f"up to {k} actions per turn, {5 * k} per episode", "table3",
+                              f"up to {k} action{'s' if k > 1 else ''} per turn, {5 * k} per episode", "table3",
                               {"max_actions_per_turn": str(k), "env": "sokoban"}, _env_scale("sokoban")))
     return out
 

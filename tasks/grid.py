@@ -23,13 +23,16 @@ def export_run(run_root: str, out: str, info: dict[str, Any]) -> dict[str, Any]:
 
 
 @task(name="write_report", retries=0, **_OPTS)
-def write_report(reports: str, runs: list[tuple[str, int]], scale: str, out: str) -> dict[str, Any]:
+def write_report(reports: str, runs: list[tuple[str, int]], scale: str, out: str,
+                 overrides: list[str] | None = None) -> dict[str, Any]:
     import json
 
     from ragen.report.ablations import write_report as write
 
     results, missing = grid_files.load_results(reports, runs)
     notes = [f"Not scored yet: {', '.join(missing)}."] if missing else []
+    if overrides:  # grid-wide changes to the scale (e.g. a smaller model) must be visible beside the numbers
+        notes.append("Grid-wide overrides on top of the scale: " + ", ".join(f"`{o}`" for o in overrides) + ".")
     md = write(results, scale, out, title=f"Ablations at {scale}", notes=notes)
     rows = []
     for name, seed in runs:
@@ -52,4 +55,5 @@ def log_report(cfg: Config, report: str) -> str | None:
     client.log_artifact(parent, str(md), "report")
     if md.with_suffix("").is_dir():
         client.log_artifacts(parent, str(md.with_suffix("")), f"report/{md.stem}")
+    client.set_terminated(parent, "FINISHED")  # the sweep's report is in: the parent no longer shows as running
     return parent

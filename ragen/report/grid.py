@@ -30,6 +30,7 @@ def export_run(run: RunDir, out: Path, info: dict[str, Any]) -> dict[str, Any]:
     """``train.json`` and ``history.json`` of a finished grid run."""
     hist = history(run)
     init = run.root / EVAL_INIT
+    out.mkdir(parents=True, exist_ok=True)  # dvc repro removes a stage's outputs (and their folder) first
     summary = {**info, "run_dir": str(run.root), "iterations": len(hist), **(hist[-1] if hist else {})}
     write_json(out / "train.json", summary)
     write_json(out / "history.json", {"eval_init": json.loads(init.read_text()) if init.is_file() else None,

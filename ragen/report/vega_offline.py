@@ -58,3 +58,31 @@ def write_template(out: Path, cache: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page(fetch_scripts(cache)), encoding="utf-8")
     return out
+
+
+def default_cache() -> Path:
+    return Path.home() / ".cache" / "ragen" / "vega"
+
+
+def ensure_template(cache: Path | None = None) -> Path:
+    """The offline page template, written once into ``cache`` (default ``~/.cache/ragen/vega``)."""
+    cache = cache or default_cache()
+    out = cache / f"dvc-plots-offline-{'-'.join(PACKAGES.values())}.html"
+    return out if out.is_file() else write_template(out, cache)
+
+
+def render_dvc_plots(repo: Path, out: Path, template: Path, timeout: float = 600) -> Path:
+    """``dvc plots show`` of ``repo``'s dvc.yaml into ``out/index.html`` with the offline template (the DVC CLI
+    beside this interpreter; a subprocess because DVC allows one command per repo at a time)."""
+    import sys
+
+    dvc = Path(sys.executable).with_name("dvc")
+    cmd = [str(dvc) if dvc.is_file() else "dvc", "plots", "show", "--html-template", str(template.resolve()),
+           "-o", str(out.resolve())]
+    r = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"dvc plots show failed in {repo}: {(r.stderr or r.stdout).strip()[-2000:]}")
+    page = out / "index.html"
+    if not page.is_file():
+        raise RuntimeError(f"dvc plots show wrote no {page}: {r.stdout.strip()[-500:]}")
+    return page

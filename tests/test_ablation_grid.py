@@ -1,0 +1,157 @@
+"""The ablation grid end to end at a tiny scale: `dvc repro report` in a fresh git + DVC repo holding the project's
+own dvc.yaml, with params.yaml's `experiments` block set to two experiments of two iterations on the tiny model.
+Checks the report, the curves and plots, the MLflow sweep parent with its tagged children, and that a second
+`dvc repro` runs nothing."""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from test_loop import TINY_MODEL
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+EXPERIMENTS = ["starpo-ppo-bandit", "starpo-s-bandit"]
+# the tiny model, 4 groups x 4 Bandit rollouts, 2 iterations, an evaluation at each, the Bandit panel tag only
+TINY_GRID = [f"model.base={TINY_MODEL}", "model.dtype=fp32", "rollout.engine=hf", "rollout.response_length=8",
+             "envs.train.n_groups=[4]", "envs.train.group_size=4", "actor.ppo_mini_batch_size=4",
+             "critic.ppo_mini_batch_size=4", "actor.micro_batch_size=4", "critic.micro_batch_size=4",
+             "actor.gradient_checkpointing=false", "critic.gradient_checkpointing=false",
+             "trainer.total_training_steps=2", "trainer.test_freq=1", "eval.tags=[Bandit]",
+             "rollout.sync_mean_tol=1e-3", "rollout.sync_max_tol=1e-2"]
+
+
+def dvc(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "CI": "1"}
+    r = subprocess.run([str(BIN / "dvc"), *args], cwd=repo, capture_output=True, text=True, env=env, timeout=1500)
+    if check:
+        assert r.returncode == 0, f"dvc {' '.join(args)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    return r
+
+
+@pytest.fixture(scope="module")
+def grid_repo(tmp_path_factory):
+    from tasks.versioning import init_repo
+
+    tmp = tmp_path_factory.mktemp("grid")
+    repo = tmp / "repo"
+    init_repo(repo, tmp / "remote")
+    for d in ("ragen", "tasks", "flows", "infra"):  # the stages' code dependencies, as in the project
+        shutil.copytree(ROOT / d, repo / d, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / ".dvc" / "plots", repo / ".dvc" / "plots")
+    shutil.copy(ROOT / "dvc.yaml", repo / "dvc.yaml")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["experiments"].update({"run": EXPERIMENTS, "seeds": [0], "overrides": TINY_GRID})
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    first = dvc(repo, "repro", "report")
+    return repo, first
+
+
+def test_dvc_repro_runs_the_grid_and_writes_the_report(grid_repo):
+    repo, first = grid_repo
+    for name in EXPERIMENTS:
+        assert f"ablation-train@{name}-0" in first.stdout and f"ablation-eval@{name}-0" in first.stdout
+        d = repo / "reports" / "grid" / f"{name}-s0"
+        train = json.loads((d / "train.json").read_text())
+        assert train["iterations"] == 2 and train["experiment"] == name
+        hist = json.loads((d / "history.json").read_text())["iterations"]
+        assert len(hist) == 2 and all("echo/warning" in h and "rollout/in_group_std" in h for h in hist)
+        ev = json.loads((d / "eval" / "eval.json").read_text())
+        assert ev["metrics"]["Bandit/episodes"] == 32 and 0 <= ev["metrics"]["Bandit/success"] <= 1
+        m = ev["metrics"]
+        assert m["Bandit/success_lo"] <= m["Bandit/success"] <= m["Bandit/success_hi"]
+        assert (d / "eval" / "rollouts.parquet").is_file()
+    md = (repo / "reports" / "ablations.md").read_text()
+    assert "## StarPO vs StarPO-S (Fig. 9)" in md and "| starpo-s-bandit | " in md and "| starpo-ppo-bandit | " in md
+    assert "| starpo-s-bandit > starpo-ppo-bandit | Bandit |" in md and "## Echo Trap diagnostics" in md
+    assert f"`model.base={TINY_MODEL}`" in md  # the grid-wide overrides are stated beside the numbers
+    assert (repo / "reports" / "ablations" / "fig9.png").stat().st_size > 1000
+    rows = list(csv.DictReader((repo / "reports" / "ablations" / "curves.csv").open()))
+    assert {r["run"] for r in rows} == {f"{n}-s0" for n in EXPERIMENTS}
+    assert sorted(int(r["step"]) for r in rows if r["run"] == "starpo-s-bandit-s0") == [0, 1, 2]
+
+
+def test_second_repro_is_a_no_op(grid_repo):
+    repo, _ = grid_repo
+    again = dvc(repo, "repro", "report")
+    assert "Running stage" not in again.stdout, again.stdout
+    status = dvc(repo, "status", "report")  # the grid and what it depends on (not the sft or train stages)
+    assert "changed" not in status.stdout, status.stdout
+
+
+def test_mlflow_sweep_parent_and_tagged_children(grid_repo):
+    import mlflow
+
+    repo, _ = grid_repo
+    client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("ragen")
+    parents = client.search_runs([exp.experiment_id], "tags.ragen_role = 'sweep'")
+    assert len(parents) == 1 and parents[0].info.run_name == "ablations-cpu-small"
+    assert parents[0].info.status == "FINISHED"
+    parent = parents[0].info.run_id
+    kids = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
+    assert sorted(k.data.tags["experiment_name"] for k in kids) == sorted(EXPERIMENTS)
+    by = {k.data.tags["experiment_name"]: k for k in kids}
+    assert by["starpo-s-bandit"].data.tags["algorithm"] == "starpo-s"
+    assert by["starpo-ppo-bandit"].data.tags["algorithm"] == "starpo-ppo"
+    assert all(k.info.status == "FINISHED" and "echo/warning" in k.data.metrics for k in kids)
+    assert "panel/Bandit/success" in by["starpo-s-bandit"].data.metrics  # the final evaluation, logged to the run
+    arts = [a.path for a in client.list_artifacts(parent, "report")]
+    assert "report/ablations.md" in arts
+
+
+def test_dvc_plots_render_offline(grid_repo, tmp_path):
+    """`ragen grid plots` writes the dvc plots page with vega inlined: no script is loaded from the network."""
+    repo, _ = grid_repo
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    r = subprocess.run([str(BIN / "ragen"), "grid", "plots", "--out", str(tmp_path / "plots")], cwd=repo,
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    page = (tmp_path / "plots" / "index.html").read_text()
+    assert "<script src=" not in page and "vegaEmbed" in page and "val_success" in page
+    assert "starpo-s-bandit-s0" in page  # the data of both runs is in the page
+    # and a real headless browser draws it with the network unused (no proxy, no DNS): the charts' pixels are there
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        assert not os.environ.get("CI"), "CI installs chromium (.ci/run) for this check"
+        pytest.skip("no chromium here (apt-get install chromium)")
+    png = tmp_path / "plots.png"
+    shot = subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--proxy-server=127.0.0.1:9", "--window-size=1200,900", "--virtual-time-budget=10000",
+                           f"--screenshot={png}", (tmp_path / "plots" / "index.html").as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert png.is_file(), shot.stderr[-2000:]
+    from PIL import Image
+
+    img = Image.open(png).convert("L")
+    ink = sum(img.histogram()[:200]) / (img.width * img.height)  # axes, lines and labels; a blank page has none
+    assert ink > 0.005, f"the plots page rendered blank ({ink:.2%} drawn)"
+
+
+def test_ragen_eval_scores_the_registered_champion(grid_repo):
+    """`ragen eval --mlflow-model NAME@champion`: the grid's runs registered their actors; the champion is
+    downloaded and scored on the panel with the agent settings given."""
+    repo, _ = grid_repo
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    over = [x for o in (*TINY_GRID, "envs.train.tags=[Bandit]", "agent.max_turn=1", "agent.max_actions_per_turn=1")
+            for x in ("--set", o)]
+    r = subprocess.run([str(BIN / "ragen"), "eval", "--mlflow-model", "ragen-actor@champion", "--panel",
+                        "data/panels/cpu-small.json", "--tag", "Bandit", "--out", "reports/eval/champion",
+                        "--preset", "cpu-small", *over], cwd=repo, capture_output=True, text=True, env=env,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ev = json.loads((repo / "reports" / "eval" / "champion" / "eval.json").read_text())
+    assert ev["mlflow_model"] == "ragen-actor@champion" and ev["metrics"]["Bandit/episodes"] == 32
+    assert "Bandit " in r.stdout and "[" in r.stdout  # the per-tag table with its interval
+    bad = subprocess.run([str(BIN / "ragen"), "eval", "--mlflow-model", "ragen-actor@nope", "--panel",
+                          "data/panels/cpu-small.json", "--preset", "cpu-small", *over], cwd=repo,
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert bad.returncode == 2 and "no such registered model version" in bad.stderr
