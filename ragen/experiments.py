@@ -233,7 +233,11 @@ def read_grid(params: str | Path = "params.yaml") -> Grid:
     import yaml
 
     path = Path(params)
-    raw = (yaml.safe_load(path.read_text()) or {}).get("experiments") if path.is_file() else None
+    try:
+        raw = (yaml.safe_load(path.read_text()) or {}).get("experiments") if path.is_file() else None
+    except yaml.YAMLError as e:
+        raise KeyError(f"{path} is not valid YAML ({e}); fix it or regenerate it with "
+                       f"`ragen config params --preset cpu-small > params.yaml`") from None
     if raw is None:
         raise KeyError(f"{path} has no 'experiments' block; regenerate it with "
                        f"`ragen config params --preset cpu-small > params.yaml`")
@@ -257,8 +261,8 @@ def grid_yaml(grid: Grid | None = None) -> str:
     g = grid or Grid()
     runs = "".join(f"    - {n}\n" for n in g.run)
     return ("# The ablation grid `dvc repro` runs (ablation-train@ -> ablation-eval@ per experiment and seed, then\n"
-            "# report); `ragen experiments list` names them all. One-off variation: `dvc exp run -S "
-            "'experiments.overrides=[actor.lr=1e-5]'`.\n"
+            "# report); `ragen experiments list` names them all. One-off variation:\n"
+            "# dvc exp run -S \"experiments.overrides=['actor.lr=1e-5']\" report\n"
             "experiments:\n"
             f"  scale: {g.scale}  # cpu-small (this machine: minutes per experiment) | paper (one GPU, 200 steps)\n"
             f"  seeds: {json.dumps(list(g.seeds))}  # trainer.seed of each experiment's runs\n"

@@ -161,6 +161,9 @@ def test_grid_block_round_trips_and_bad_blocks_are_named(tmp_path):
     p.write_text("experiments: {runs: [online-1]}\n")
     with pytest.raises(KeyError, match="unknown key"):
         read_grid(p)
+    p.write_text("experiments: {overrides: [a=[1]]}\n")
+    with pytest.raises(KeyError, match="is not valid YAML"):
+        read_grid(p)
     p.write_text(json.dumps({"experiments": {"run": ["diversity-r32"]}}))
     with pytest.raises(KeyError, match="does not run at scale"):
         read_grid(p)

@@ -73,6 +73,19 @@ def test_a_restart_with_other_settings_names_the_keys(tmp_path):
         run.bind_config(load_config(None, ["cpu-small"], ["actor.lr=0.5"]))
 
 
+def test_a_restart_with_a_custom_tag_setting_is_the_same_run(tmp_path):
+    """envs.custom defaults to {}: the restart of a run that set it (the granularity ablations do) must not see
+    the empty default as a changed key; changing the setting still must."""
+    run = RunDir.at(tmp_path, "r")
+    custom = "envs.custom={SimpleSokoban: {max_actions_per_traj: 15}}"
+    run.bind_config(load_config(None, ["cpu-small"], [custom]))
+    run.bind_config(load_config(None, ["cpu-small"], [custom]))
+    with pytest.raises(ResumeError, match=r"envs\.custom\.SimpleSokoban\.max_actions_per_traj: 15 -> 20"):
+        run.bind_config(load_config(None, ["cpu-small"], [custom.replace("15", "20")]))
+    with pytest.raises(ResumeError, match=r"envs\.custom"):
+        run.bind_config(load_config(None, ["cpu-small"]))
+
+
 def test_retention_keeps_latest_best_and_every_nth(tmp_path):
     assert retained_states([], 2, None) == set()
     assert retained_states(list(range(7)), 3, best=0) == {0, 2, 5, 6}

@@ -124,10 +124,13 @@ class RunDir:
         if path.is_file():
             old = yaml.safe_load(path.read_text()) or {}
             # a key the run's config predates counts as its schema default (runs survive schema additions)
+            # (a default of {} is not missing where the old config has keys below it, e.g. envs.custom.<Tag>.*)
             defaults = flatten(config_to_dict(type(cfg)()))
+            was = flatten(old)
+            below = {".".join(k.split(".")[:i]) for k in was for i in range(1, k.count(".") + 1)}
             # and a key the schema has since dropped does not count at all
-            a = identity({**{k: v for k, v in defaults.items() if k not in flatten(old)},
-                          **{k: v for k, v in flatten(old).items() if in_schema(k)}})
+            a = identity({**{k: v for k, v in defaults.items() if k not in was and k not in below},
+                          **{k: v for k, v in was.items() if in_schema(k)}})
             b = identity(flatten(new))
             diff = sorted(k for k in set(a) | set(b) if not k.startswith(RESUME_FREE) and a.get(k) != b.get(k))
             if diff:
