@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -696,6 +697,9 @@ def models_tokenizer(base: Annotated[str, typer.Option(help="model alias, path o
 
 
 def main() -> None:
+    # in-process flows start an ephemeral Prefect server: no telemetry from it (this machine has no internet, and
+    # each attempt logs an error); a user who wants it sets the variable
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         app()
     except BrokenPipeError:

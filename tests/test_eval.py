@@ -114,11 +114,12 @@ def test_claim_and_finding_verdicts():
 def test_report_puts_ours_beside_the_paper(tmp_path):
     ev = {"Bandit/success": 0.75, "Bandit/episodes": 32.0}
     hist = [{"rollout/in_group_std": 0.4, "actor/grad_norm": 1.0, "val/Bandit/success": 0.5}] * 3
-    res = [GridResult("starpo-s-bandit", 0, ev, hist),
+    res = [GridResult("starpo-s-bandit", 0, ev, hist, {"val/Bandit/success": 0.0625}),
            GridResult("starpo-ppo-bandit", 0, {"Bandit/success": 0.25, "Bandit/episodes": 32.0}, hist)]
     assert pooled(res, "starpo-s-bandit", "Bandit") == (24, 32)
     md = write_report(res, "cpu-small", tmp_path / "ablations.md").read_text()
     assert "| starpo-s-bandit | 75.0 [" in md and "| 100.0 |" in md  # ours, then the paper's 1.0
+    assert "(n=32); 6.2 before |" in md  # and where it started
     assert "| starpo-s-bandit > starpo-ppo-bandit | Bandit | 50.0 |" in md and "reproduced" in md
     assert (tmp_path / "ablations" / "fig9.png").stat().st_size > 1000
     assert "## Echo Trap diagnostics" in md and "| starpo-s-bandit-s0 | 3 |" in md

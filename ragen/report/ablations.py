@@ -20,6 +20,14 @@ class GridResult:
     seed: int
     eval: Mapping[str, float]  # ragen.eval.metrics.panel_metrics of the final checkpoint
     history: Sequence[Mapping[str, float]] = field(default_factory=list)  # metrics.json per iteration
+    init: Mapping[str, float] = field(default_factory=dict)  # the evaluation before training (val/<tag>/...)
+
+
+def before(results: Sequence[GridResult], experiment: str, tag: str) -> float | None:
+    """Mean success on ``tag`` before training over the experiment's seeds (None: no such evaluation)."""
+    xs = [r.init[f"val/{tag}/success"] for r in results if r.experiment == experiment
+          and f"val/{tag}/success" in r.init]
+    return sum(xs) / len(xs) if xs else None
 
 
 def pooled(results: Sequence[GridResult], experiment: str, tag: str) -> tuple[float, int] | None:
@@ -88,7 +96,8 @@ def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, 
     seeds = sorted({r.seed for r in results})
     intro = [f"# {title}", "",
              f"Scale **{scale}**; {len(results)} runs ({len(ran)} experiments x seeds {seeds}). Success rates in %"
-             f" on the fixed evaluation panel, 95% Wilson intervals, episodes pooled over seeds. Paper values are "
+             f" on the fixed evaluation panel after the last iteration (\"x before\": the same panel before "
+             f"training), 95% Wilson intervals, episodes pooled over seeds. Paper values are "
              f"exact table entries or, for figures, approximate readings of the curves' ends (REFERENCE 6). A "
              f"claim is *reproduced* when our difference has the paper's sign at 95% (two-proportion z), "
              f"*not reproduced* when it has the opposite sign at 95%, else *inconclusive at this scale*.", "",
@@ -106,7 +115,9 @@ def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, 
         for n in names:
             cells = []
             for t in f.tags:
-                cells += [_cell(pooled(results, n, t)), _pct(f.values[(n, t)]) if (n, t) in f.values else "-"]
+                b = before(results, n, t)
+                ours = _cell(pooled(results, n, t)) + (f"; {_pct(b)} before" if b is not None else "")
+                cells += [ours, _pct(f.values[(n, t)]) if (n, t) in f.values else "-"]
             lines.append(f"| {n} | " + " | ".join(cells) + " |")
         lines += ["", "| claim | tag | difference (pp) | z | verdict |", "|---|---|---|---|---|"]
         verdicts = []
@@ -194,15 +205,16 @@ def _curves(f: Finding, names: list[str], results: Sequence[GridResult], path: P
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     for r in runs:
         xs, ys = [], []
-        for k, h in enumerate(r.history):
+        for k, h in enumerate([r.init, *r.history]):  # x = 0: before training; x = k + 1: after iteration k
             vals = [h[f"val/{t}/success"] for t in f.tags if f"val/{t}/success" in h]
             if vals:
-                xs.append(k + 1)
+                xs.append(k)
                 ys.append(sum(vals) / len(vals))
         a.plot(xs, ys, marker="o", label=f"{r.experiment}-s{r.seed}")
         b.plot(range(1, len(r.history) + 1), [h.get("rollout/in_group_std", math.nan) for h in r.history])
-    a.set_xlabel("iteration")
+    a.set_xlabel("iteration (0 = before training)")
     a.set_ylabel("val success (mean over tags)")
+    a.set_ylim(-0.02, 1.02)
     b.set_xlabel("iteration")
     b.set_ylabel("in-group reward std")
     a.legend(fontsize=6)

@@ -83,5 +83,6 @@ def load_results(reports: str | Path, runs: Sequence[tuple[str, int]]) -> tuple[
             missing.append(f"{name}-s{seed}")
             continue
         h = json.loads((d / "history.json").read_text()) if (d / "history.json").is_file() else {"iterations": []}
-        out.append(GridResult(name, seed, json.loads(ev.read_text())["metrics"], h["iterations"]))
+        out.append(GridResult(name, seed, json.loads(ev.read_text())["metrics"], h["iterations"],
+                              h.get("eval_init") or {}))
     return out, missing
