@@ -5,7 +5,6 @@ with `dvc repro`, are not DVC-versioned per iteration (the stage outputs under r
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -44,10 +43,16 @@ def grid_train(name: str, seed: int = 0, params: str = "params.yaml", reports: s
 
 @flow(name="ragen-grid-evaluate", flow_run_name="{name}-s{seed}", persist_result=False)
 def grid_evaluate(name: str, seed: int = 0, params: str = "params.yaml", reports: str = REPORTS) -> dict[str, Any]:
+    import json
+
     grid = read_grid(params)
-    _, cfg, run_name = grid_config(grid, name, seed)
-    run_dir = Path(cfg.trainer.run_dir) / run_name
-    return evaluate_flow(cfg, str(grid_dir(reports, name, seed) / "eval"), checkpoint=str(run_dir))
+    _, cfg, _ = grid_config(grid, name, seed)
+    trained = grid_dir(reports, name, seed) / "train.json"
+    if not trained.is_file():
+        raise FileNotFoundError(f"{trained} does not exist: train the run first (`ragen grid train --name {name} "
+                                f"--seed {seed}` or `dvc repro ablation-train@{name}-{seed}`)")
+    run_dir = json.loads(trained.read_text())["run_dir"]  # the run the train stage made, not a recomputed name
+    return evaluate_flow(cfg, str(grid_dir(reports, name, seed) / "eval"), checkpoint=run_dir)
 
 
 @flow(name="ragen-grid-report", persist_result=False)

@@ -149,7 +149,7 @@ def bench_train(*, model: str = "smollm2-135m-instruct", groups: int = 2, group_
                                    "min_len": int(lengths.min()), "max_len": int(lengths.max()),
                                    "token_budget": token_budget, "micro_batch_size": micro_batch_size}
 
-    def run(name: str, engine_kind: str, bucketed: bool) -> None:
+    def run(name: str, engine_kind: str, bucketed: bool, compute_dtype: str = "fp32") -> None:
         torch.manual_seed(seed)
         actor = load_actor(path)
         if engine_kind == "deepspeed":
@@ -158,7 +158,7 @@ def bench_train(*, model: str = "smollm2-135m-instruct", groups: int = 2, group_
         else:
             engine = PlainEngine(actor, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip)
         c = cfg.model_copy(update={"actor": o.model_copy(update={"micro_batch_tokens": token_budget if bucketed
-                                                                 else 0})})
+                                                                 else 0, "compute_dtype": compute_dtype})})
         t0 = time.perf_counter()
         res = update(c, seqs, engine, pad_id=tok.pad_token_id, pad_to_longest=not bucketed)
         wall = time.perf_counter() - t0
@@ -169,8 +169,11 @@ def bench_train(*, model: str = "smollm2-135m-instruct", groups: int = 2, group_
     run("deepspeed_bucketed", "deepspeed", True)
     run("plain_bucketed", "plain", True)
     run("deepspeed_padded", "deepspeed", False)
+    run("deepspeed_bucketed_bf16", "deepspeed", True, "bf16")  # bf16 autocast, fp32 weights and optimizer
     out["deepspeed_over_plain"] = float(out["deepspeed_bucketed_tokens_per_s"]) / float(
         out["plain_bucketed_tokens_per_s"])
     out["bucketed_over_padded"] = float(out["deepspeed_bucketed_tokens_per_s"]) / float(
         out["deepspeed_padded_tokens_per_s"])
+    out["bf16_over_fp32"] = float(out["deepspeed_bucketed_bf16_tokens_per_s"]) / float(
+        out["deepspeed_bucketed_tokens_per_s"])
     return out

@@ -158,6 +158,8 @@ class OptimConfig(_Section):
     ppo_epochs: int = Field(1, ge=1)
     shuffle: bool = False
     gradient_checkpointing: bool = True
+    compute_dtype: Literal["fp32", "bf16"] = Field("fp32", description="bf16: autocast the update's forward passes "
+                                                   "(weights, optimizer, losses stay fp32); faster on bf16 CPUs/GPUs")
     deepspeed_config: str = "infra/deepspeed/zero0.json"
 
 

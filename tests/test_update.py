@@ -99,6 +99,26 @@ def test_micro_batching_does_not_change_the_update(batch, tokenizer):
         assert results[0][k] == pytest.approx(results[1][k], rel=1e-4, abs=1e-7), k
 
 
+def test_bf16_autocast_update_is_close_to_fp32(batch, tokenizer):
+    """actor/critic.compute_dtype=bf16 autocasts the forward passes (weights and optimizer stay fp32): the first
+    mini-batch still has pi == pi_old exactly (scoring and training share the numerics), and every mini-batch's
+    losses stay near the fp32 update's."""
+    cfg, seqs = batch
+    bf = load_config(None, ["cpu-small"], [*SMALL, "actor.compute_dtype=bf16", "critic.compute_dtype=bf16"])
+    results = {}
+    for name, c in (("fp32", cfg), ("bf16", bf)):
+        a, cr = engines(c, "plain")
+        before = flat(a).clone()
+        results[name] = update(c, seqs, a, critic=cr, pad_id=tokenizer.pad_token_id)
+        assert next(a.module.parameters()).dtype == torch.float32 and not torch.equal(before, flat(a))
+    lb, lf = results["bf16"].lists, results["fp32"].lists
+    assert lb["actor/pg_clipfrac"][0] == 0.0 and abs(lb["actor/ppo_kl"][0]) < 1e-6
+    for k in ("actor/pg_loss", "actor/entropy_loss", "critic/vf_loss"):
+        assert lb[k] == pytest.approx(lf[k], rel=0.05, abs=1e-3), k
+    assert results["bf16"].metrics["rollout/old_log_prob"] == pytest.approx(
+        results["fp32"].metrics["rollout/old_log_prob"], rel=0.02)
+
+
 def test_non_finite_loss_skips_the_step(batch, tokenizer):
     cfg, seqs = batch
     a, cr = engines(cfg, "plain")

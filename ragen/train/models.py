@@ -65,11 +65,21 @@ def load_critic(path: str, *, trust_remote_code: bool = False, gradient_checkpoi
     return critic
 
 
+def bf16_autocast(enabled: bool) -> torch.autocast:
+    """bf16 autocast of the matmuls (weights, optimizer state and losses stay fp32), or a no-op when disabled:
+    2-3.5x faster forward/backward on a CPU with avx512_bf16, the mixed precision veRL's FSDP trains in."""
+    return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16, enabled=enabled)
+
+
 def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   temperature: float = 1.0, with_entropy: bool = False,
+                   bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log pi(token t | tokens < t) of a causal LM at ``temperature`` (b, L), position 0 = 0; and the
-    entropy of each predictive distribution (same alignment) if asked."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    entropy of each predictive distribution (same alignment) if asked. ``bf16`` autocasts the forward pass; the
+    softmax terms are computed from fp32 logits either way."""
+    with bf16_autocast(bf16):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     lp = torch.nn.functional.pad(logprobs_from_logits(logits, input_ids[:, 1:]), (1, 0))

@@ -26,7 +26,7 @@ from ragen.algos.masked import masked_mean
 from ragen.config import Config
 from ragen.train.batch import MicroBatch, Sequences, bucket_micro_batches, collate, fixed_micro_batches, pad_ragged
 from ragen.train.ds import grad_norm_after_step, grad_norm_before_step
-from ragen.train.models import token_logprobs, unwrap
+from ragen.train.models import bf16_autocast, token_logprobs, unwrap
 
 
 @dataclass
@@ -57,17 +57,20 @@ def _rows(full: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
 
 @torch.no_grad()
 def score_batch(model: Any, seqs: Sequences, mbs: list[MicroBatch], *, temperature: float,
-                kind: str) -> torch.Tensor:
-    """Old/ref logprobs (kind='logp') or values (kind='value') for every trajectory, (B, Lmax), fp32."""
+                kind: str, bf16: bool = False) -> torch.Tensor:
+    """Old/ref logprobs (kind='logp') or values (kind='value') for every trajectory, (B, Lmax), fp32; ``bf16``
+    autocasts the forward passes as the training step that uses them does."""
     out = torch.zeros((len(seqs), int(seqs.lengths.max())), dtype=torch.float32)
     m = unwrap(model)
     was_training = m.training
     m.eval()
     for mb in mbs:
         if kind == "value":
-            v = m(mb.input_ids, mb.attention_mask).float()
+            with bf16_autocast(bf16):
+                v = m(mb.input_ids, mb.attention_mask)
+            v = v.float()
         else:
-            v, _ = token_logprobs(m, mb.input_ids, mb.attention_mask, temperature)
+            v, _ = token_logprobs(m, mb.input_ids, mb.attention_mask, temperature, bf16=bf16)
         out[mb.index, :v.shape[1]] = v.float() * mb.attention_mask
     m.train(was_training)
     return out
@@ -110,7 +113,8 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
     metrics: dict[str, float] = {}
     lists: dict[str, list[float]] = defaultdict(list)
 
-    old_logp = score_batch(actor, seqs, score_mbs, temperature=temp, kind="logp")
+    actor_bf16, critic_bf16 = cfg.actor.compute_dtype == "bf16", cfg.critic.compute_dtype == "bf16"
+    old_logp = score_batch(actor, seqs, score_mbs, temperature=temp, kind="logp", bf16=actor_bf16)
     metrics["rollout/old_log_prob"] = float(masked_mean(old_logp, mask))
     if seqs.sampled_logprobs is not None:  # engine vs trainer on the sampled tokens (bf16 vs fp32, staleness)
         sampled = pad_ragged(seqs.sampled_logprobs, L, value=float("nan"))
@@ -121,13 +125,14 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
             metrics["rollout/logprob_mismatch_max"] = float(gap[have].max())
     ref_logp = None
     if ref is not None:
-        ref_logp = score_batch(ref, seqs, score_mbs, temperature=temp, kind="logp")
+        ref_logp = score_batch(ref, seqs, score_mbs, temperature=temp, kind="logp", bf16=actor_bf16)
         metrics["rollout/ref_log_prob"] = float(masked_mean(ref_logp, mask))
         metrics["rollout/kl_old_ref"] = float(masked_mean(kl_penalty(old_logp, ref_logp, a.kl_penalty), mask))
     use_critic = a.adv_estimator == "gae"
     if use_critic and critic is None:
         raise ValueError("algorithm.adv_estimator=gae needs a critic")
-    values = score_batch(critic, seqs, score_mbs, temperature=1.0, kind="value") if use_critic else None
+    values = score_batch(critic, seqs, score_mbs, temperature=1.0, kind="value",
+                         bf16=critic_bf16) if use_critic else None
     metrics["timing_s/update_scoring"] = time.perf_counter() - t0
 
     rewards, scores = token_rewards(cfg, seqs)
@@ -262,7 +267,8 @@ def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_l
     m.train()
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        lp, ent = token_logprobs(m, mb.input_ids, mb.attention_mask, cfg.rollout.temperature, with_entropy=True)
+        lp, ent = token_logprobs(m, mb.input_ids, mb.attention_mask, cfg.rollout.temperature, with_entropy=True,
+                                 bf16=ac.compute_dtype == "bf16")
         msk = mb.loss_mask
         terms = policy_terms(lp, _rows(old_logp, mb), _rows(adv, mb), ac.clip_ratio_low, ac.clip_ratio_high,
                              ac.clip_ratio_c)
@@ -295,7 +301,9 @@ def _critic_step(cfg: Config, critic: Any, seqs: Sequences, mini: list[int], old
     m.train()
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        v = m(mb.input_ids, mb.attention_mask)
+        with bf16_autocast(cc.compute_dtype == "bf16"):
+            v = m(mb.input_ids, mb.attention_mask)
+        v = v.float()
         loss_mat, clipped = value_terms(v, _rows(old_values, mb), _rows(returns, mb), cc.cliprange_value)
         loss = agg_loss(loss_mat, mb.loss_mask, "token-mean", n_tokens)
         parts = {"critic/vf_loss": float(loss.detach()),
