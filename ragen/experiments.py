@@ -49,17 +49,27 @@ SCALES: dict[str, Scale] = {
 
 BANDIT = ("envs.train.tags=[Bandit]", "agent.max_turn=1", "agent.max_actions_per_turn=1",
           "eval.tags=[Bandit,BanditTest,BanditTestRev]")
+# The multi-turn envs think, as the paper's runs (the cpu-small preset turns thinking off for Bandit); on the
+# bundled CPU model that means RL starts from the SFT warm-start (model.warm_start=auto): without it not one of 32
+# no-think Sokoban rollouts was well-formed (every turn a format error, reward std 0: nothing to learn from).
 SOKOBAN = ("envs.train.tags=[SimpleSokoban]", "agent.max_turn=5", "agent.max_actions_per_turn=5",
+           "agent.enable_think=true",
            "eval.tags=[SimpleSokoban,LargerSokoban,SokobanDifferentGridVocab,FrozenLake]")
 FROZENLAKE = ("envs.train.tags=[FrozenLake]", "agent.max_turn=5", "agent.max_actions_per_turn=5",
-              "eval.tags=[FrozenLake]")
+              "agent.enable_think=true", "eval.tags=[FrozenLake]")
 ENVS = {"bandit": BANDIT, "sokoban": SOKOBAN, "frozenlake": FROZENLAKE}
-# multi-turn envs at cpu-small: five no-think answers of up to five actions fit 48 tokens each
-MULTI_TURN_CPU = ("rollout.response_length=48",)
+# Multi-turn envs at cpu-small: a thinking turn fits 96 tokens; the update runs its forward passes in bf16 and
+# without recomputation (a 5-turn trajectory is ~1k tokens: an update on 8 of them took 143 s here with
+# checkpointing), validation only before and after training.
+MULTI_TURN_CPU = ("rollout.response_length=96", "actor.compute_dtype=bf16", "critic.compute_dtype=bf16",
+                  "actor.gradient_checkpointing=false", "critic.gradient_checkpointing=false", "trainer.test_freq=10")
+# ... and a quarter of Bandit's batch: 4 groups x 4 rollouts, the 25% filter keeps one group = one update of 4.
+SMALL_BATCH_CPU = ("envs.train.n_groups=[4]", "envs.train.group_size=4", "actor.ppo_mini_batch_size=4",
+                   "critic.ppo_mini_batch_size=4")
 
 
 def _env_scale(env: str) -> dict[str, tuple[str, ...]]:
-    return {} if env == "bandit" else {"cpu-small": MULTI_TURN_CPU}
+    return {} if env == "bandit" else {"cpu-small": (*MULTI_TURN_CPU, *SMALL_BATCH_CPU)}
 
 
 def _starpo_vs_s() -> list[Experiment]:
@@ -121,13 +131,15 @@ def _granularity() -> list[Experiment]:
 
 def _rollout_frequency() -> list[Experiment]:
     """Fig. 10: Online-k reuses one rollout for k updates: a k-times larger rollout with the same 25% filter
-    (train_all.sh), for 1/k of the iterations so every variant makes the same number of updates."""
+    (train_all.sh), for 1/k of the iterations so every variant makes the same number of updates (cpu-small: 4k
+    groups of 4, one group kept per update)."""
     out = []
     for k in (1, 2, 5, 10):
-        scale = {name: (*(MULTI_TURN_CPU if name == "cpu-small" else ()), f"envs.train.n_groups=[{8 * k}]",
+        scale = {name: (*((*MULTI_TURN_CPU, *SMALL_BATCH_CPU) if name == "cpu-small" else ()),
+                        f"envs.train.n_groups=[{groups * k}]",
                         f"trainer.total_training_steps={max(1, s.iterations // k)}",
-                        f"trainer.test_freq={max(1, min(5 if name == 'cpu-small' else 10, s.iterations // k))}")
-                 for name, s in SCALES.items()}
+                        f"trainer.test_freq={max(1, min(10, s.iterations // k))}")
+                 for name, s in SCALES.items() for groups in [4 if name == "cpu-small" else 8]}
         out.append(Experiment(f"online-{k}", "train", ("starpo-s",), SOKOBAN,
                               f"one rollout per {k} update(s)", "fig10",
                               {"rollout_frequency": str(k), "env": "sokoban"}, scale))
@@ -140,8 +152,9 @@ def _think() -> list[Experiment]:
     out = []
     for env in ("bandit", "sokoban"):
         for think in (True, False):
-            scale = {"cpu-small": (*(() if env == "bandit" or think else MULTI_TURN_CPU),
-                                   *(("rollout.response_length=96",) if think else ()))}
+            scale = {"cpu-small": (*(() if env == "bandit" else (*MULTI_TURN_CPU, *SMALL_BATCH_CPU)),
+                                   *(("rollout.response_length=96",) if think else
+                                     ("rollout.response_length=48",) if env != "bandit" else ()))}
             out.append(Experiment(f"{'think' if think else 'nothink'}-{env}", "train", ("starpo-s",),
                                   (*ENVS[env], f"agent.enable_think={str(think).lower()}"),
                                   f"StarPO-S {'with' if think else 'without'} thinking on {env}", "table4",

@@ -188,6 +188,32 @@ def test_warm_start_resolution(tmp_path):
         pipeline.warm_start_path(sft_cfg(f"model.warm_start={tmp_path / 'nothing'}"))
 
 
+def test_one_warm_start_serves_runs_that_change_built_in_tags(renderer):
+    """The granularity ablation varies SimpleSokoban's action budget per run: all start from one warm-start, whose
+    demos keep the built-in budget; a tag that envs.custom defines (and sft.tags lists) is the demos' own."""
+    from ragen.experiments import resolve
+
+    def grid_cfg(name):
+        r = resolve(name, "cpu-small")
+        return load_config(None, list(r.presets), list(r.overrides))
+
+    g1, g7 = grid_cfg("granularity-1"), grid_cfg("granularity-7")
+    assert g1.tag_specs()["SimpleSokoban"].max_actions_per_traj == 5 != g7.tag_specs()["SimpleSokoban"].max_actions_per_traj
+    assert pipeline.fingerprint(g1) == pipeline.fingerprint(g7) == pipeline.fingerprint(grid_cfg("online-1"))
+    budget = get_tag("SimpleSokoban").max_actions_per_traj
+    changed = sft_cfg("envs.custom={SimpleSokoban: {max_actions_per_traj: 5}}", "sft.n_train=1", "sft.n_test=0",
+                      tags="[SimpleSokoban]")
+    assert changed.tag_specs()["SimpleSokoban"].max_actions_per_traj == 5 != budget
+    text = renderer.decode(list(make_demos(changed, renderer)["input_ids"][0]))
+    assert f"You can make up to {budget} actions" in text
+    new_tag = sft_cfg("envs.custom={Sok8: {base: SimpleSokoban, max_actions_per_traj: 7}}", "sft.n_train=1",
+                      "sft.n_test=0", tags="[Sok8]")
+    assert pipeline.fingerprint(new_tag) != pipeline.fingerprint(sft_cfg("sft.n_train=1", "sft.n_test=0",
+                                                                         tags="[SimpleSokoban]"))
+    df = make_demos(new_tag, renderer)
+    assert df["tag"].tolist() == ["Sok8"] and "You can make up to 7 actions" in renderer.decode(list(df["input_ids"][0]))
+
+
 # -- training ---------------------------------------------------------------------------------------------------
 TINY_SFT = [f"model.base={TINY_MODEL}", "sft.n_train=6", "sft.n_test=2", "sft.mini_batch_size=3", "sft.lr=3e-3",
             "sft.compute_dtype=fp32", "sft.max_actions_per_turn=3"]

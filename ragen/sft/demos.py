@@ -25,7 +25,7 @@ from ragen.agent.prompts import forced_prefix
 from ragen.config import AgentConfig, Config
 from ragen.envs.frozen_lake import FrozenLakeEnv
 from ragen.envs.frozen_lake_planner import FrozenLakePlanner
-from ragen.envs.registry import TagSpec, get_tag
+from ragen.envs.registry import BUILTIN_TAGS, TagSpec, get_tag
 from ragen.envs.sokoban import SokobanEnv
 from ragen.envs.sokoban.room import TARGET
 from ragen.envs.sokoban.solver import solve
@@ -153,18 +153,36 @@ def demo_agent(cfg: Config) -> AgentConfig:
                                         "max_actions_per_turn": s.max_actions_per_turn})
 
 
+def demo_custom(cfg: Config) -> dict:
+    """The ``envs.custom`` entries the demos (and the format evaluation) see: the tags it defines, not its changes
+    to built-in tags. Those are RL settings, as the agent's are (``demo_agent``), so one warm-start serves every run
+    that varies them (the granularity ablation's action budgets); to make demos on a changed env, define a new tag
+    (``base: ...``) and list it in ``sft.tags``."""
+    return {k: v for k, v in cfg.envs.custom.items() if k not in BUILTIN_TAGS}
+
+
+def sft_config(cfg: Config) -> Config:
+    """The run's config as the SFT stages see it: the demo agent settings and ``demo_custom``'s tags."""
+    custom = demo_custom(cfg)
+    if custom == dict(cfg.envs.custom):
+        return cfg.model_copy(update={"agent": demo_agent(cfg)})
+    data = cfg.model_dump(mode="json")
+    data["envs"]["custom"], data["agent"] = custom, demo_agent(cfg).model_dump(mode="json")
+    return Config.model_validate(data)
+
+
 def make_demos(cfg: Config, renderer: ChatRenderer, *, splits: Sequence[str] = ("train", "test"),
                progress: Callable[[str, int, int], None] | None = None) -> pd.DataFrame:
     """``sft.n_train`` / ``sft.n_test`` demos per tag from consecutive seeds of each split, skipping instances
     without a plan (and FrozenLake episodes that slipped into a hole unless ``sft.keep_failed``)."""
-    s, agent = cfg.sft, demo_agent(cfg)
+    s, agent, specs = cfg.sft, demo_agent(cfg), sft_config(cfg).tag_specs()
     frames = []
     for split in splits:
         want = s.n_train if split == "train" else s.n_test
         if want == 0:
             continue
         for tag in s.tags:
-            spec = get_tag(tag, cfg.tag_specs())
+            spec = get_tag(tag, specs)
             keys, trajs, extra = [], [], []
             seed, tried = s.seed + SPLITS[split], 0
             while len(trajs) < want:

@@ -12,28 +12,28 @@ import pandas as pd
 from ragen.config import Config
 from ragen.envs.instances import generate_instances
 from ragen.rollout.engine import Engine, Sampling
-from ragen.sft.demos import demo_agent
+from ragen.sft.demos import sft_config
 
 
 def eval_config(cfg: Config) -> Config:
-    """The run's config with the demo agent settings and the evaluation's sampling."""
+    """The run's config as the demos see it (``sft_config``) with the evaluation's sampling."""
     s = cfg.sft
     rollout = cfg.rollout.model_copy(update={"response_length": s.response_length,
                                              "val_temperature": s.eval_temperature,
                                              "val_do_sample": s.eval_temperature > 0})
-    return cfg.model_copy(update={"agent": demo_agent(cfg), "rollout": rollout})
+    return sft_config(cfg).model_copy(update={"rollout": rollout})
 
 
 def eval_instances(cfg: Config) -> pd.DataFrame:
     s = cfg.sft
     return generate_instances(s.tags, [s.eval_n] * len(s.tags), 1, seed=s.eval_seed, iteration=0, mode="val",
-                              tag_specs=cfg.tag_specs())
+                              tag_specs=sft_config(cfg).tag_specs())
 
 
 def format_metrics(df: pd.DataFrame, cfg: Config) -> dict[str, float]:
     """Per tag: format_valid (turn share), episode_format_valid (every turn valid), success, response_length;
     Bandit-type tags also hi_arm_share (of valid answers naming the high-risk arm) and first_arm_share."""
-    specs = cfg.tag_specs()
+    specs = sft_config(cfg).tag_specs()
     out: dict[str, float] = {}
     for tag, sub in df.groupby("tag", sort=True):
         errs = [np.asarray(x, dtype=bool) for x in sub["turn_format_error"]]

@@ -22,7 +22,7 @@ HISTORY = "history.jsonl"
 def fingerprint(cfg: Config) -> str:
     """What an SFT checkpoint is made from: the base model, the SFT settings, and the agent / rollout settings
     the demos are rendered with. A warm-start whose checkpoint has another fingerprint is stale."""
-    from ragen.sft.demos import demo_agent
+    from ragen.sft.demos import demo_agent, demo_custom
 
     d = config_to_dict(cfg)
     keep = {"model.base": d["model"]["base"], "model.tokenizer": d["model"]["tokenizer"],
@@ -31,7 +31,7 @@ def fingerprint(cfg: Config) -> str:
             **{k: v for k, v in flatten(demo_agent(cfg).model_dump(mode="json"), "agent.").items()
                if k not in ("agent.format_penalty", "agent.use_turn_scores")},  # rewards only, not the tokens
             **flatten(d["sft"], "sft."),
-            "envs.custom": d["envs"]["custom"]}
+            "envs.custom": demo_custom(cfg)}
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
