@@ -32,6 +32,8 @@ app.add_typer(sft_app, name="sft")
 app.add_typer(eval_app, name="eval")
 app.add_typer(experiments_app, name="experiments")
 app.add_typer(grid_app, name="grid")
+services_app = typer.Typer(no_args_is_help=True, help="Local servers for tracking at scale (infra/mlflow/).")
+app.add_typer(services_app, name="services")
 
 PresetOpt = Annotated[list[str] | None, typer.Option("--preset", "-p", help="preset name(s), applied in order")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override key.sub=value (repeatable)")]
@@ -583,6 +585,36 @@ def grid_run_cmd(params: GridParams = Path("params.yaml"), reports: GridReports 
 
     res = _grid_call(ablations_flow, str(params), str(reports), str(out))
     typer.echo(f"wrote {res['report']} ({res['scored']} runs scored)")
+
+
+@services_app.command("mlflow")
+def services_mlflow_cmd(
+        postgres: Annotated[Path, typer.Option(help="PostgreSQL data directory (created on first use, kept)")]
+        = Path("runs/services/postgres"),
+        artifacts: Annotated[Path, typer.Option(help="the server's artifact store")] = Path("runs/services/artifacts"),
+        port: Annotated[int, typer.Option(help="MLflow server port on 127.0.0.1")] = 5000,
+        pg_port: Annotated[int, typer.Option(help="PostgreSQL port on 127.0.0.1")] = 5432) -> None:
+    """A PostgreSQL cluster and an MLflow tracking server on it (127.0.0.1), until Ctrl-C. Train against it with
+    --set tracking.mlflow_tracking_uri=http://127.0.0.1:PORT --set tracking.mlflow_artifact_location=null."""
+    import signal
+    import time
+
+    from ragen.services import LocalMLflowServer, LocalPostgres, ServiceError
+
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        with LocalPostgres(postgres, port=pg_port) as pg, \
+                LocalMLflowServer(pg.url, artifacts, port=port, log=postgres.parent / "mlflow-server.log") as srv:
+            typer.echo(f"MLflow on {srv.url} (backend {pg.url}, artifacts {artifacts}); Ctrl-C stops both")
+            while srv.proc is not None and srv.proc.poll() is None:
+                time.sleep(1.0)
+            typer.secho("mlflow server exited", err=True, fg="red")
+            raise typer.Exit(1)
+    except ServiceError as e:
+        typer.secho(str(e), err=True, fg="red")
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo("stopped")
 
 
 @bench_app.command("envs")

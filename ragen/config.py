@@ -246,7 +246,9 @@ class DiagnosticsConfig(_Section):
 class TrackingConfig(_Section):
     experiment: str = "ragen"
     mlflow_tracking_uri: str = "sqlite:///mlflow.db"
-    mlflow_artifact_location: str = "mlartifacts"
+    mlflow_artifact_location: str | None = Field(
+        "mlartifacts", description="new experiments' artifact store: a local folder, an s3:// (gs://, ...) URI, or "
+                                   "null: the tracking server's own (with a shared MLflow server)")
     registered_model: str | None = Field(None, description="MLflow model name; default: <experiment>-actor")
     dvc: bool = Field(True, description="version every iteration with DVC (the run dir must be in a DVC repo)")
     dvc_remote: str | None = Field(None, description="DVC remote name to push to; default: the repo's core.remote")

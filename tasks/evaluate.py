@@ -14,7 +14,7 @@ from prefect.cache_policies import NO_CACHE
 from ragen.config import Config
 from ragen.eval import evaluate as ev
 from ragen.run.rundir import RunDir
-from tasks.tracking import _client, _log_metrics, git_commit, read_run_id
+from tasks.tracking import _client, _log_metrics, experiment_id, git_commit, read_run_id
 
 _OPTS = {"cache_policy": NO_CACHE, "persist_result": False}
 
@@ -30,10 +30,7 @@ def log_evaluation(cfg: Config, out: str, info: dict[str, Any]) -> str:
     client = _client(cfg)
     run_id = read_run_id(RunDir(Path(info["run_dir"]))) if info.get("run_dir") else None
     if run_id is None:
-        exp = cfg.tracking.experiment + "-eval"
-        found = client.get_experiment_by_name(exp)
-        exp_id = found.experiment_id if found else client.create_experiment(
-            exp, artifact_location=Path(cfg.tracking.mlflow_artifact_location).resolve().as_uri())
+        exp_id = experiment_id(client, cfg, cfg.tracking.experiment + "-eval")
         run_id = client.create_run(exp_id, run_name=Path(out).name, tags={
             "git_commit": git_commit(), "model": str(info.get("model")), "panel": str(info.get("panel"))}).info.run_id
         client.set_terminated(run_id)

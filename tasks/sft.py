@@ -46,16 +46,11 @@ def log_sft(cfg: Config, result: dict[str, Any], checkpoint: Path) -> str:
     format metrics before and after (``before/...``, ``after/...``) and the evaluation files as artifacts."""
     from mlflow.entities import Metric, Param
 
-    from tasks.tracking import _client, git_commit
+    from tasks.tracking import _client, experiment_id, git_commit
 
     client = _client(cfg)
     name = f"{cfg.tracking.experiment}-sft"
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
-        location = Path(cfg.tracking.mlflow_artifact_location).resolve().as_uri()
-        exp_id = client.create_experiment(name, artifact_location=location)
-    else:
-        exp_id = exp.experiment_id
+    exp_id = experiment_id(client, cfg, name)
     r = client.create_run(exp_id, run_name=checkpoint.name, tags={
         "git_commit": git_commit(), "preset": ",".join(cfg.preset) or "none", "checkpoint": str(checkpoint),
         "fingerprint": pipeline.fingerprint(cfg)})

@@ -49,12 +49,24 @@ def git_commit(where: Path | None = None) -> str:
         return "unknown"
 
 
-def experiment_id(client: Any, cfg: Config) -> str:
-    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+def artifact_location(cfg: Config) -> str | None:
+    """Where a new MLflow experiment keeps its artifacts: a local folder (as a file URI), a store URI as given
+    (s3://, gs://, mlflow-artifacts:/), or None: the tracking server's own store (what a shared server wants)."""
+    loc = cfg.tracking.mlflow_artifact_location
+    if not loc:
+        return None
+    if re.match(r"^[A-Za-z][\w+.-]+:/", loc):
+        return loc
+    return Path(loc).resolve().as_uri()
+
+
+def experiment_id(client: Any, cfg: Config, name: str | None = None) -> str:
+    """The id of MLflow experiment ``name`` (default: tracking.experiment), created when missing."""
+    name = name or cfg.tracking.experiment
+    exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
-    location = Path(cfg.tracking.mlflow_artifact_location).resolve().as_uri()
-    return client.create_experiment(cfg.tracking.experiment, artifact_location=location)
+    return client.create_experiment(name, artifact_location=artifact_location(cfg))
 
 
 @task(name="start_tracking", retries=3, retry_delay_seconds=2, **_OPTS)

@@ -1,0 +1,222 @@
+"""Local servers for tracking at scale: a PostgreSQL cluster and an MLflow tracking server backed by it, both bound
+to 127.0.0.1 (DESIGN 6-7). ``ragen services mlflow`` runs them in the foreground; the integration test and the
+recipe in infra/mlflow/ use the same classes. On a cluster, point ``tracking.mlflow_tracking_uri`` at the shared
+server instead and leave ``tracking.mlflow_artifact_location`` null (the server stores artifacts).
+
+PostgreSQL refuses to run as root: under root the cluster's commands run as the ``postgres`` system user (which
+Debian's package creates) and the data directory is handed to it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PG_USER = "ragen"
+PG_DB = "mlflow"
+
+
+class ServiceError(RuntimeError):
+    """A local server could not be found, started or reached; the message names the fix."""
+
+
+def free_port() -> int:
+    from ragen.train.ds import free_port as free
+
+    return free()
+
+
+def pg_bin(name: str) -> str:
+    """A PostgreSQL server program: on PATH, else the newest /usr/lib/postgresql/<version>/bin (Debian's layout)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name)
+                      if p.parent.name.isdigit() else 0)
+    for d in reversed(versions):
+        if (d / name).is_file():
+            return str(d / name)
+    raise ServiceError(f"PostgreSQL's {name} was not found: install the server (Debian/Ubuntu: "
+                       f"`apt-get install postgresql`; .ci/run does) or put its bin/ directory on PATH")
+
+
+def _as_owner(args: list[str]) -> list[str]:
+    """Run as the postgres system user when this process is root (PostgreSQL refuses root)."""
+    if os.geteuid() != 0:
+        return args
+    if shutil.which("runuser") is None:
+        raise ServiceError("running as root and `runuser` is missing: start PostgreSQL as a non-root user")
+    return ["runuser", "-u", "postgres", "--", *args]
+
+
+@dataclass
+class LocalPostgres:
+    """A throw-away (or kept) PostgreSQL cluster in ``data_dir`` on 127.0.0.1:``port``, with a database ``db``
+    owned by ``user``; trust authentication on loopback only. ``with LocalPostgres(dir) as pg: pg.url``."""
+
+    data_dir: Path
+    port: int = field(default_factory=free_port)
+    user: str = PG_USER
+    db: str = PG_DB
+    startup_timeout: float = 60.0
+
+    @property
+    def url(self) -> str:
+        """SQLAlchemy URL of the database (MLflow's --backend-store-uri)."""
+        return f"postgresql+psycopg2://{self.user}@127.0.0.1:{self.port}/{self.db}"
+
+    @property
+    def log(self) -> Path:
+        return self.data_dir / "server.log"
+
+    def _owned(self) -> None:
+        if os.geteuid() == 0:
+            import pwd
+
+            try:
+                pw = pwd.getpwnam("postgres")
+            except KeyError:
+                raise ServiceError("running as root and there is no `postgres` system user (Debian's postgresql "
+                                   "package creates it): install the package or run as a non-root user") from None
+            for p in [self.data_dir, *self.data_dir.rglob("*")]:
+                os.chown(p, pw.pw_uid, pw.pw_gid)
+            # the server must be able to reach its data directory: make the parents traversable
+            for parent in self.data_dir.resolve().parents:
+                mode = parent.stat().st_mode
+                if not mode & 0o001:
+                    parent.chmod(mode | 0o001)
+
+    def _run(self, args: list[str], what: str) -> subprocess.CompletedProcess:
+        r = subprocess.run(_as_owner(args), capture_output=True, text=True, timeout=self.startup_timeout)
+        if r.returncode:
+            tail = (r.stderr or r.stdout).strip()[-1500:]
+            hint = f"; server log: {self.log}" if self.log.exists() else ""
+            raise ServiceError(f"PostgreSQL {what} failed (exit {r.returncode}): {tail}{hint}")
+        return r
+
+    def start(self) -> LocalPostgres:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._owned()
+        if not (self.data_dir / "PG_VERSION").is_file():
+            self._run([pg_bin("initdb"), "-D", str(self.data_dir), "-U", self.user, "--auth=trust", "-E", "UTF8",
+                       "--no-instructions"], "initdb")
+        self._run([pg_bin("pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log), "-w",
+                   "-t", str(int(self.startup_timeout)), "-o",
+                   f"-p {self.port} -k {self.data_dir} -c listen_addresses=127.0.0.1", "start"], "start")
+        self._create_db()
+        return self
+
+    def _create_db(self) -> None:
+        import psycopg2
+
+        con = psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname="postgres")
+        try:
+            con.autocommit = True
+            with con.cursor() as cur:
+                cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.db,))
+                if cur.fetchone() is None:
+                    cur.execute(f'CREATE DATABASE "{self.db}"')
+        finally:
+            con.close()
+
+    def query(self, sql: str) -> list[tuple]:
+        import psycopg2
+
+        con = psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname=self.db)
+        try:
+            with con.cursor() as cur:
+                cur.execute(sql)
+                return cur.fetchall()
+        finally:
+            con.close()
+
+    def stop(self) -> None:
+        if (self.data_dir / "postmaster.pid").is_file():
+            with contextlib.suppress(ServiceError, subprocess.TimeoutExpired):
+                self._run([pg_bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"], "stop")
+
+    def __enter__(self) -> LocalPostgres:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2.0) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@dataclass
+class LocalMLflowServer:
+    """``mlflow server`` on 127.0.0.1:``port`` over ``backend`` (a database URL), storing artifacts under
+    ``artifacts`` and serving them to clients (artifact proxy: clients need no direct access to the store)."""
+
+    backend: str
+    artifacts: Path
+    port: int = field(default_factory=free_port)
+    log: Path | None = None
+    startup_timeout: float = 120.0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LocalMLflowServer:
+        if _healthy(self.url):
+            raise ServiceError(f"something already answers on {self.url}: stop it or choose another port")
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        log = self.log or self.artifacts.parent / "mlflow-server.log"
+        mlflow = Path(sys.executable).with_name("mlflow")
+        args = [str(mlflow) if mlflow.exists() else "mlflow", "server", "--backend-store-uri", self.backend,
+                "--artifacts-destination", str(self.artifacts.resolve()), "--host", "127.0.0.1",
+                "--port", str(self.port), "--workers", "1"]
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        t0 = time.monotonic()
+        while not _healthy(self.url):
+            if self.proc.poll() is not None:
+                raise ServiceError(f"mlflow server exited with code {self.proc.returncode}; see {log}")
+            if time.monotonic() - t0 > self.startup_timeout:
+                self.stop()
+                raise ServiceError(f"mlflow server not healthy after {self.startup_timeout:.0f} s; see {log}")
+            time.sleep(1.0)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> LocalMLflowServer:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
