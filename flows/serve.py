@@ -1,13 +1,14 @@
 """Deployments ``ragen/train-loop`` and ``ragen-sft/sft`` on a local Prefect server.
 
-Why ``flow.serve`` and not a work pool + worker: one long-lived process both registers the deployment and
-executes its runs (each in a fresh subprocess, so a vLLM/DeepSpeed run never shares memory with the next), with
-no pool to create, no worker to keep in sync with the code, and nothing to go stale between them. ``limit=1``:
-one heavy training run at a time on this machine; later triggers queue. Process/Docker/Kubernetes pools are for
-scale-out (infra/).
+The default (``mode="pool"``, ``ragen up``): the process work pool ``ragen-process``, the deployment of
+infra/prefect/prefect.yaml (the same file deploys to the Docker and Kubernetes pools), and one process worker with
+``--limit 1`` (one heavy training run at a time on this machine; later triggers queue; each run is a fresh
+subprocess, so a vLLM/DeepSpeed run never shares memory with the next). ``mode="serve"`` (``ragen up --mode
+serve``): one long-lived process registers both deployments with ``flow.serve`` and executes their runs, with no
+pool or worker; ``python -m flows.serve`` is that process.
 
-``LocalPrefect`` starts ``prefect server start`` (sqlite under PREFECT_HOME, bound to 127.0.0.1) and the
-serving process, and stops both; ``python -m flows.serve`` is the serving process itself."""
+``LocalPrefect`` starts ``prefect server start`` (sqlite under PREFECT_HOME, bound to 127.0.0.1) and the pool's
+worker or the serving process, and stops them."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 DEPLOYMENT = "ragen/train-loop"
+PROCESS_POOL = "ragen-process"
+PREFECT_FILE = "infra/prefect/prefect.yaml"  # the work-pool deployments (process, Docker, Kubernetes)
+MODES = ("pool", "serve")
 _LAUNCHER_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
@@ -43,9 +47,12 @@ def healthy(api_url: str, timeout: float = 2.0) -> bool:
 
 @dataclass
 class LocalPrefect:
-    """A local Prefect server and the process serving ``ragen/train-loop``; ``with LocalPrefect(...) as p:``."""
+    """A local Prefect server and what runs ``ragen/train-loop``: a process work pool with a worker (``mode="pool"``:
+    the deployment of infra/prefect/prefect.yaml) or the process serving it (``mode="serve"``: flow.serve);
+    ``with LocalPrefect(...) as p:``."""
 
     port: int = 4200
+    mode: str = "pool"
     home: Path | None = None  # PREFECT_HOME (its sqlite database); default: the user's ~/.prefect
     cwd: Path = field(default_factory=Path.cwd)  # where flow runs execute (the project root)
     logs: Path | None = None  # server.log and serve.log here; default: <cwd>/runs/prefect
@@ -90,12 +97,41 @@ class LocalPrefect:
     def start(self) -> LocalPrefect:
         if healthy(self.api_url):
             raise RuntimeError(f"a Prefect server already answers on {self.api_url}: stop it or choose --port")
+        if self.mode not in MODES:
+            raise ValueError(f"LocalPrefect.mode={self.mode!r}; use one of {', '.join(MODES)}")
         server = self._spawn([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.port),
                               "--analytics-off"], "server.log")
         self._wait(lambda: healthy(self.api_url), "the Prefect server", server, "server.log")
-        serve = self._spawn([sys.executable, "-m", "flows.serve"], "serve.log")
-        self._wait(self.deployment_ready, f"the process serving {DEPLOYMENT}", serve, "serve.log")
+        if self.mode == "serve":
+            serve = self._spawn([sys.executable, "-m", "flows.serve"], "serve.log")
+            self._wait(self.deployment_ready, f"the process serving {DEPLOYMENT}", serve, "serve.log")
+        else:
+            self._prefect(["work-pool", "create", PROCESS_POOL, "--type", "process", "--overwrite"], "create the pool")
+            self._prefect(["--no-prompt", "deploy", "--prefect-file", PREFECT_FILE, "--name", "train-loop",
+                           "--name", "sft"], f"deploy {DEPLOYMENT} and ragen-sft/sft from {PREFECT_FILE}")
+            # one run at a time on this machine, as the served deployment's limit=1
+            worker = self._spawn([_bin("prefect"), "worker", "start", "--pool", PROCESS_POOL, "--type", "process",
+                                  "--limit", "1"], "worker.log")
+            self._wait(self.worker_ready, f"the {PROCESS_POOL} worker", worker, "worker.log")
         return self
+
+    @property
+    def main_log(self) -> str:
+        """The log of what executes the runs (the worker's or the serving process's)."""
+        return "worker.log" if self.mode == "pool" else "serve.log"
+
+    def _prefect(self, args: list[str], what: str) -> None:
+        r = subprocess.run([_bin("prefect"), *args], env=dict(self.env(), RAGEN_ROOT=str(Path(self.cwd).resolve())),
+                           cwd=self.cwd, capture_output=True, text=True, timeout=300)
+        if r.returncode:
+            raise RuntimeError(f"could not {what} (`prefect {' '.join(args)}` exit {r.returncode}):\n"
+                               f"{(r.stdout + r.stderr)[-3000:]}")
+
+    def worker_ready(self) -> bool:
+        r = subprocess.run([_bin("prefect"), "work-pool", "inspect", PROCESS_POOL], env=self.env(), cwd=self.cwd,
+                           capture_output=True, text=True, timeout=60)
+        # the pool turns READY once a worker has polled it
+        return r.returncode == 0 and "status=WorkPoolStatus.READY" in r.stdout.replace("'", "").replace(" ", "")
 
     def deployment_ready(self) -> bool:
         r = subprocess.run([_bin("prefect"), "deployment", "inspect", DEPLOYMENT], env=self.env(), cwd=self.cwd,
@@ -119,7 +155,7 @@ class LocalPrefect:
                     if dead:
                         watch.kill()
                         raise RuntimeError(f"{' '.join(dead[0].args[:3])} exited (code {dead[0].returncode}) "
-                                           f"while the run was in progress; see {self._log('serve.log')}") from None
+                                           f"while the run was in progress; see {self._log(self.main_log)}") from None
 
     def stop(self) -> None:
         """SIGTERM to each process group (also when its leader is gone: its children keep the port), SIGKILL to

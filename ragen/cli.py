@@ -219,12 +219,19 @@ def up_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>
                                                                    "run (Ctrl-C stops them)")] = False,
            trigger: Annotated[bool, typer.Option("--trigger/--no-trigger", help="trigger a training run (else only "
                                                                               "serve: implies --keep)")] = True,
+           mode: Annotated[str, typer.Option(help="pool: deploy infra/prefect/prefect.yaml to the process work "
+                                                  "pool ragen-process and start its worker; serve: flow.serve")]
+           = "pool",
            ) -> None:
-    """The pipeline as deployed: start a local Prefect server (sqlite) and the process serving
-    `ragen/train-loop`, trigger one training run with `prefect deployment run`, wait for it, report."""
-    from flows.serve import DEPLOYMENT, LocalPrefect
+    """The pipeline as deployed: start a local Prefect server (sqlite), deploy `ragen/train-loop` to the local
+    process work pool with a worker (or serve it), trigger one training run with `prefect deployment run`, wait for
+    it, report."""
+    from flows.serve import DEPLOYMENT, MODES, LocalPrefect
     from ragen.run.loop import with_iterations
 
+    if mode not in MODES:
+        typer.secho(f"--mode {mode!r}: use one of {', '.join(MODES)}", err=True, fg="red")
+        raise typer.Exit(2)
     if params is None and Path("params.yaml").is_file():
         params = Path("params.yaml")  # the flow's default too
     cfg = _config(params, preset, with_iterations(overrides, iterations))  # fails here, before any server starts
@@ -237,8 +244,9 @@ def up_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>
 
     signal.signal(signal.SIGTERM, stop)
     t0 = time.monotonic()
-    with LocalPrefect(port=port) as local:
-        typer.echo(f"Prefect server on http://127.0.0.1:{port} (UI and API), serving {DEPLOYMENT}; logs in "
+    with LocalPrefect(port=port, mode=mode) as local:
+        how = "process work pool ragen-process and its worker" if mode == "pool" else "flow.serve"
+        typer.echo(f"Prefect server on http://127.0.0.1:{port} (UI and API), {DEPLOYMENT} on the {how}; logs in "
                    f"runs/prefect/; training run {run!r} ({cfg.trainer.total_training_steps} iterations)")
         if trigger:
             typer.echo(f"triggering: prefect deployment run {DEPLOYMENT} --params '{json.dumps(flow_params)}' --watch")
@@ -648,6 +656,26 @@ def bench_rollout_cmd(as_json: Annotated[bool, typer.Option("--json", help="prin
     result = bench_rollout(tuple(engine or ("vllm", "hf")), model=model, groups=groups, group_size=group_size,
                            turns=turns, new_tokens=new_tokens, extra=tuple(overrides or ()))
     _print_result(result, as_json)
+
+
+@bench_app.command("memory")
+def bench_memory_cmd(model: Annotated[str, typer.Option(help="qwen2.5-0.5b|1.5b|3b|7b or a local model directory")]
+                     = "qwen2.5-0.5b",
+                     gpus: Annotated[str, typer.Option(help="data-parallel sizes, comma-separated")] = "1,2,4,8",
+                     fp32: Annotated[bool, typer.Option("--fp32", help="full fp32 instead of bf16 mixed")] = False,
+                     no_critic: Annotated[bool, typer.Option("--no-critic", help="GRPO: no critic")] = False,
+                     reference: Annotated[bool, typer.Option("--reference", help="a KL reference model too")] = False,
+                     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False) -> None:
+    """Per-GPU memory of the training model states by ZeRO stage and GPU count (computed, ragen/train/memory.py)."""
+    from ragen.train.memory import markdown, memory_report
+
+    try:
+        worlds = tuple(int(g) for g in gpus.split(","))
+        rep = memory_report(model, worlds=worlds, mixed=not fp32, critic=not no_critic, reference=reference)
+    except (ValueError, FileNotFoundError) as e:
+        typer.secho(f"--model/--gpus: {e}", err=True, fg="red")
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(rep) if as_json else markdown(rep) + f"\nnot included: {rep['excludes']}")
 
 
 @bench_app.command("train")

@@ -40,7 +40,7 @@ def main(out: str, zero: str) -> None:
     from ragen.config import load_config
     from ragen.models import TINY_MODEL, ensure_model, load_tokenizer
     from ragen.train.batch import sequences_from_rollouts
-    from ragen.train.ds import ensure_distributed, make_engine
+    from ragen.train.ds import ensure_distributed, gathered_state, make_engine
     from ragen.train.models import load_actor, load_critic
     from ragen.train.update import update
 
@@ -54,10 +54,11 @@ def main(out: str, zero: str) -> None:
     engines = [make_engine(m, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
                            ds_config=zero, dtype="fp32") for m, o in ((actor, cfg.actor), (critic, cfg.critic))]
     res = update(cfg, seqs, engines[0], critic=engines[1], pad_id=tok.pad_token_id, rank=rank, world=world)
+    # ZeRO-3 partitions the weights: every rank takes part in gathering them (what checkpoints and the vLLM sync do)
+    states = [gathered_state(e) or {k: v.detach().clone() for k, v in e.module.state_dict().items()}
+              for e in engines]
     if rank == 0:
-        torch.save({"actor": {k: v.detach().clone() for k, v in actor.state_dict().items()},
-                    "critic": {k: v.detach().clone() for k, v in critic.state_dict().items()},
-                    "lists": res.lists, "world": world}, out)
+        torch.save({"actor": states[0], "critic": states[1], "lists": res.lists, "world": world}, out)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Deployment `ragen/train-loop`: a real local Prefect server (sqlite in a temp PREFECT_HOME, 127.0.0.1), the
-process serving the deployment, and a run triggered with `prefect deployment run ... --param` that must reach
+"""Deployment `ragen/train-loop`: a real local Prefect server (sqlite in a temp PREFECT_HOME, 127.0.0.1), and
+either the process work pool (infra/prefect/prefect.yaml deployed with `prefect deploy`, a process worker) or the
+process serving the deployment (flow.serve); a run triggered with `prefect deployment run ... --param` must reach
 Completed and leave a completed iteration on disk."""
 
 import json
@@ -13,23 +14,28 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_prefect_deployment_run_completes(tmp_path):
+@pytest.mark.parametrize("mode", ["pool", "serve"])
+def test_prefect_deployment_run_completes(tmp_path, mode):
     from flows.serve import DEPLOYMENT, LocalPrefect, _bin
     from ragen.train.ds import free_port
 
     over = [*TINY, f"trainer.run_dir={tmp_path / 'runs'}", "trainer.val_before_train=false", "tracking.dvc=false",
             f"tracking.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
             f"tracking.mlflow_artifact_location={tmp_path / 'mla'}"]
-    with LocalPrefect(port=free_port(), home=tmp_path / "prefect", cwd=ROOT, logs=tmp_path / "logs") as local:
+    with LocalPrefect(port=free_port(), mode=mode, home=tmp_path / "prefect", cwd=ROOT,
+                      logs=tmp_path / "logs") as local:
         args = [_bin("prefect"), "deployment", "run", DEPLOYMENT, "--param", "run_name=dep",
                 "--param", "params=null", "--param", 'preset=["cpu-small"]', "--param", "iterations=1",
                 "--param", f"overrides={json.dumps(over)}", "--watch", "--watch-timeout", "1200"]
         r = subprocess.run(args, env=local.env(), cwd=ROOT, capture_output=True, text=True, timeout=1300)
-        serve_log = (tmp_path / "logs" / "serve.log").read_text(errors="replace")
-        assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n--- serve.log ---\n{serve_log[-4000:]}"
+        log = (tmp_path / "logs" / local.main_log).read_text(errors="replace")
+        assert r.returncode == 0, f"{r.stdout}\n{r.stderr}\n--- {local.main_log} ---\n{log[-4000:]}"
         assert "Completed" in r.stdout
         listed = subprocess.run([_bin("prefect"), "flow-run", "ls", "--state", "COMPLETED"], capture_output=True,
                                 env=dict(local.env(), COLUMNS="250"), text=True, timeout=60)
         assert "| dep " in listed.stdout.replace("│", "|") and "iteration-0" in listed.stdout
+        info = subprocess.run([_bin("prefect"), "deployment", "inspect", DEPLOYMENT], capture_output=True,
+                              env=local.env(), text=True, timeout=60).stdout
+        assert ("'work_pool_name': 'ragen-process'" in info) == (mode == "pool")
     assert (tmp_path / "runs" / "dep" / "iter_00000" / "COMPLETE").is_file()
     assert not list((tmp_path / "runs" / "dep").glob("tracking-failures.jsonl"))

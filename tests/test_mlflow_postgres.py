@@ -60,6 +60,6 @@ def test_a_server_that_cannot_start_names_its_log(tmp_path):
     from ragen.services import LocalMLflowServer, ServiceError
 
     bad = LocalMLflowServer("notadb://x", tmp_path / "store", startup_timeout=60)
-    with pytest.raises(ServiceError, match="mlflow-server.log"):
+    with pytest.raises(ServiceError, match=r"mlflow-server\.log"):
         bad.start()
     bad.stop()

@@ -168,7 +168,8 @@ def run_ranks(tmp_path, n, zero):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero", ["infra/deepspeed/zero0.json", "infra/deepspeed/zero2.json"])
+@pytest.mark.parametrize("zero", ["infra/deepspeed/zero0.json", "infra/deepspeed/zero2.json",
+                                  "infra/deepspeed/zero3.json"])
 def test_two_ranks_give_the_one_rank_update(tmp_path, zero):
     one = run_ranks(tmp_path, 1, "infra/deepspeed/zero0.json")
     two = run_ranks(tmp_path, 2, zero)
@@ -275,3 +276,28 @@ def test_token_rewards_place_the_normalised_score_on_the_last_turn_end():
     assert int((rewards != 0).sum()) == 3
     identity, _ = token_rewards(load_config(None, [], []), seqs)
     assert identity[2, 4].item() == 3.0 and identity[1].abs().sum() == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero", ["zero2", "zero3"])
+def test_bf16_zero_trainer_exports_whole_weights_saves_and_resumes(tokenizer, renderer, tmp_path, zero):
+    """The GPU configs (bf16 mixed precision; the paper preset's ZeRO-2, and ZeRO-3, which partitions the
+    parameters): the update runs, and the vLLM sync's weights and the checkpoint are whole."""
+    from safetensors.torch import load_file
+
+    from ragen.train.trainer import Trainer
+
+    z3 = load_config(None, ["cpu-small"], [*SMALL, f"actor.deepspeed_config=infra/deepspeed/{zero}.json",
+                                           f"critic.deepspeed_config=infra/deepspeed/{zero}.json"])
+    df = batch_frame(tokenizer, renderer)
+    t = Trainer(z3, renderer=renderer)
+    assert t.step(df, 0).actor_steps == 2
+    named = dict(t.named_weights())
+    full = load_actor(ensure_model(TINY_MODEL)).state_dict()
+    assert {k: v.shape for k, v in named.items()} == {k: v.shape for k, v in full.items()}
+    ckpt = t.save(tmp_path / zero)
+    saved = load_file(str(ckpt / "actor" / "model.safetensors"))
+    assert saved and all(torch.equal(v, named[k].to(v.dtype)) for k, v in saved.items())
+    assert (ckpt / "critic" / "model.safetensors").is_file()
+    resumed = Trainer(z3, resume=ckpt, renderer=renderer)
+    assert all(torch.equal(v, named[k]) for k, v in resumed.named_weights())

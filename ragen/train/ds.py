@@ -70,7 +70,7 @@ def load_ds_config(path: str | Path, *, grad_clip: float, dtype: str | None = No
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"DeepSpeed config {p} does not exist (actor/critic.deepspeed_config); the project "
-                                f"ships infra/deepspeed/zero0.json and zero2.json")
+                                f"ships infra/deepspeed/zero0.json, zero2.json and zero3.json")
     try:
         cfg = json.loads(p.read_text())
     except json.JSONDecodeError as e:
@@ -101,6 +101,36 @@ def make_engine(model: nn.Module, *, lr: float, betas: tuple[float, float], weig
 
 def zero_stage(engine: Any) -> int:
     return int(engine.zero_optimization_stage())
+
+
+def begin_micro_batch(engine: Any) -> None:
+    """What ``DeepSpeedEngine.forward`` does before the model runs, for our losses, which call the module itself:
+    ZeRO-3 counts micro-steps there, and without the count every backward would overwrite the gradient shards
+    instead of adding to them (only the last micro-batch would train)."""
+    opt = getattr(engine, "optimizer", None)
+    if zero_stage(engine) == 3 and hasattr(opt, "clear_backward_seen_flag"):
+        opt.clear_backward_seen_flag()
+
+
+def full_parameters(engine: Any) -> Any:
+    """A context in which ``engine.module``'s parameters are whole on every rank: ZeRO-3 partitions them, so
+    exporting weights (vLLM sync, checkpoints) gathers them first; a no-op below stage 3."""
+    import contextlib
+
+    if engine is None or zero_stage(engine) < 3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
+
+
+def gathered_state(engine: Any) -> dict[str, torch.Tensor] | None:
+    """A whole copy of a ZeRO-3 engine's module state (a collective: every rank calls it); None below stage 3,
+    where ``engine.module.state_dict()`` is already whole."""
+    if engine is None or zero_stage(engine) < 3:
+        return None
+    with full_parameters(engine):  # copies: the parameters are partitioned again on leaving
+        return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
 
 
 def grad_norm_before_step(engine: Any) -> float | None:

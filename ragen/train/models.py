@@ -45,7 +45,8 @@ class Critic(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         h = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        v = self.value_head(h.float()).squeeze(-1)  # (b, L): value after reading token t
+        # in the head's own precision: fp32 weights read fp32 states; DeepSpeed bf16 makes the head bf16 too
+        v = self.value_head(h.to(self.value_head.weight.dtype)).float().squeeze(-1)  # (b, L): value after token t
         return torch.nn.functional.pad(v[:, :-1], (1, 0))  # value of the state before token t
 
 

@@ -16,7 +16,7 @@ from ragen.rollout.engine import Engine
 from ragen.rollout.sync import DEFAULT_PROBE, GateReport, probe_batch, sync_weights
 from ragen.train.batch import sequences_from_rollouts
 from ragen.train.checkpoint import COMPLETE, write_checkpoint
-from ragen.train.ds import ensure_distributed, make_engine
+from ragen.train.ds import ensure_distributed, gathered_state, make_engine
 from ragen.train.models import load_actor, load_critic, load_reference
 from ragen.train.update import UpdateResult, update
 
@@ -82,7 +82,8 @@ class Trainer:
                       pad_id=self.pad_id, rank=self.rank, world=self.world, iteration=iteration)
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        return list(self.actor.module.state_dict().items())
+        full = gathered_state(self.actor)
+        return list((full if full is not None else self.actor.module.state_dict()).items())
 
     def sync(self, engine: Engine) -> GateReport:
         """Send the actor's weights to the rollout engine in place and gate on the probe batch."""
@@ -98,13 +99,20 @@ class Trainer:
         + value head), deepspeed/ (optimizer and engine state), marker last (ragen.train.checkpoint)."""
         from safetensors.torch import save_file
 
+        # ZeRO-3: every rank takes part in gathering the weights; rank 0 writes them (None: the modules are whole)
+        actor_sd, critic_sd = gathered_state(self.actor), gathered_state(self.critic)
+
+        def part(sd: dict[str, torch.Tensor] | None, prefix: str) -> dict[str, torch.Tensor] | None:
+            return None if sd is None else {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+
         def files(tmp: Path) -> None:
-            self.actor.module.save_pretrained(tmp / "actor", safe_serialization=True)
+            self.actor.module.save_pretrained(tmp / "actor", safe_serialization=True, state_dict=actor_sd)
             self.tokenizer.save_pretrained(tmp / "actor")
             if self.critic is not None:
-                self.critic.module.backbone.save_pretrained(tmp / "critic", safe_serialization=True)
-                save_file({k: v.contiguous() for k, v in self.critic.module.value_head.state_dict().items()},
-                          str(tmp / "critic" / VALUE_HEAD))
+                self.critic.module.backbone.save_pretrained(tmp / "critic", safe_serialization=True,
+                                                            state_dict=part(critic_sd, "backbone."))
+                head = part(critic_sd, "value_head.") or self.critic.module.value_head.state_dict()
+                save_file({k: v.contiguous() for k, v in head.items()}, str(tmp / "critic" / VALUE_HEAD))
 
         return write_checkpoint(path, rank=self.rank, world=self.world, write_files=files,
                                 engines={"actor": self.actor, "critic": self.critic})

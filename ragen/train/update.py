@@ -25,7 +25,7 @@ from ragen.algos.losses import agg_loss, kl_penalty, policy_terms, value_terms
 from ragen.algos.masked import masked_mean
 from ragen.config import Config
 from ragen.train.batch import MicroBatch, Sequences, bucket_micro_batches, collate, fixed_micro_batches, pad_ragged
-from ragen.train.ds import grad_norm_after_step, grad_norm_before_step
+from ragen.train.ds import begin_micro_batch, grad_norm_after_step, grad_norm_before_step
 from ragen.train.models import bf16_autocast, token_logprobs, unwrap
 
 
@@ -224,6 +224,7 @@ def boundary_steps(engine: Any, seqs: Sequences, local: list[int], cfg_opt: Any,
         raise ValueError("a rank got no trajectories of a mini-batch; use a mini-batch of at least world size")
     for i, mb in enumerate(mbs):
         engine.set_gradient_accumulation_boundary(i == len(mbs) - 1)
+        begin_micro_batch(engine)
         loss, parts = loss_fn(mb)
         finite &= bool(torch.isfinite(loss))
         engine.backward(loss * world, scale_wrt_gas=False)

@@ -1,0 +1,117 @@
+"""GPU memory of the training side per ZeRO stage, computed: the model states of the actor and the critic (weights,
+gradients, Adam moments, fp32 master weights) as the ZeRO paper counts them (Rajbhandari et al. 2020, sec. 3.1),
+plus the frozen reference model when a KL term needs it. Activations, vLLM's share of the GPU
+(``rollout.gpu_memory_utilization``) and framework buffers come on top; the table says so.
+
+Bytes per parameter, mixed precision (bf16 weights and gradients, fp32 master copy + Adam m, v = 12): 16 in all;
+full fp32 (weights, gradients, Adam m, v): 16 as well, split 4 + 4 + 8. ZeRO-1 shards the optimizer part over the
+N data-parallel ranks, ZeRO-2 also the gradients, ZeRO-3 also the weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 1024**3
+
+# config.json of the paper's model family (Qwen2.5-*-Instruct), enough to count parameters on the meta device
+QWEN25 = {
+    "qwen2.5-0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                     "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+                     "tie_word_embeddings": True},
+    "qwen2.5-1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                     "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
+                     "tie_word_embeddings": True},
+    "qwen2.5-3b": {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                   "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936,
+                   "tie_word_embeddings": True},
+    "qwen2.5-7b": {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                   "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                   "tie_word_embeddings": False},
+}
+
+
+def count_parameters(model: str) -> int:
+    """Parameters of a causal LM: a name of ``QWEN25`` or a local model directory (its config.json), counted on
+    the meta device (no weights are read or allocated)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
+
+    if model in QWEN25:
+        cfg = Qwen2Config(**QWEN25[model])
+    else:
+        from ragen.train.checkpoint import model_dir
+
+        path = model_dir(model)
+        if path is None:
+            raise FileNotFoundError(f"{model!r} is neither one of {', '.join(QWEN25)} nor a local model directory "
+                                    f"with config.json")
+        cfg = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(cfg)
+    # tied input/output embeddings are one tensor: count each parameter once
+    return sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
+
+
+def model_state_bytes(n_params: int, stage: int, world: int, *, mixed: bool = True) -> float:
+    """Bytes of one rank's model states for ``n_params`` trainable parameters at ZeRO ``stage`` over ``world``
+    data-parallel ranks."""
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0-3, got {stage}")
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    w, g, o = (2, 2, 12) if mixed else (4, 4, 8)
+    per_param = {0: w + g + o, 1: w + g + o / world, 2: w + (g + o) / world, 3: (w + g + o) / world}[stage]
+    return n_params * per_param
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    stage: int
+    world: int
+    actor_gib: float
+    critic_gib: float
+    reference_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        return self.actor_gib + self.critic_gib + self.reference_gib
+
+
+def memory_table(n_params: int, *, worlds: tuple[int, ...] = (1, 2, 4, 8), mixed: bool = True, critic: bool = True,
+                 reference: bool = False) -> list[MemoryRow]:
+    """Per-rank GiB by stage and world size: actor + critic (a backbone of the same size; its value head is
+    negligible) + the bf16 reference model (sharded only by ZeRO-3)."""
+    rows = []
+    for stage in (0, 1, 2, 3):
+        for world in worlds:
+            a = model_state_bytes(n_params, stage, world, mixed=mixed) / GIB
+            ref = (2 * n_params / (world if stage == 3 else 1)) / GIB if reference else 0.0
+            rows.append(MemoryRow(stage, world, a, a if critic else 0.0, ref))
+    return rows
+
+
+def memory_report(model: str, *, worlds: tuple[int, ...] = (1, 2, 4, 8), mixed: bool = True, critic: bool = True,
+                  reference: bool = False) -> dict[str, Any]:
+    n = count_parameters(model)
+    rows = memory_table(n, worlds=worlds, mixed=mixed, critic=critic, reference=reference)
+    return {"model": model, "parameters": n, "precision": "bf16 mixed (fp32 master + Adam)" if mixed else "fp32",
+            "critic": critic, "reference": reference,
+            "rows": [{"zero_stage": r.stage, "gpus": r.world, "actor_gib": round(r.actor_gib, 2),
+                      "critic_gib": round(r.critic_gib, 2), "reference_gib": round(r.reference_gib, 2),
+                      "total_gib": round(r.total_gib, 2)} for r in rows],
+            "excludes": "activations (grow with micro-batch tokens; gradient checkpointing cuts them), the vLLM "
+                        "engine's rollout.gpu_memory_utilization share, CUDA/NCCL buffers"}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    worlds = sorted({r["gpus"] for r in report["rows"]})
+    head = "| ZeRO stage | " + " | ".join(f"{w} GPU{'s' if w > 1 else ''}" for w in worlds) + " |"
+    lines = [f"{report['model']}: {report['parameters'] / 1e9:.2f}B parameters, {report['precision']}, "
+             f"GiB per GPU for actor{' + critic' if report['critic'] else ''}"
+             f"{' + reference' if report['reference'] else ''} model states", "", head,
+             "|" + "---|" * (len(worlds) + 1)]
+    for stage in (0, 1, 2, 3):
+        cells = [f"{r['total_gib']:.1f}" for r in report["rows"] if r["zero_stage"] == stage]
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

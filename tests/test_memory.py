@@ -1,0 +1,30 @@
+"""The ZeRO memory table against hand-computed values (ZeRO paper sec. 3.1: 16 bytes per parameter with Adam)."""
+
+import pytest
+
+from ragen.train.memory import count_parameters, memory_table, model_state_bytes
+
+
+def test_model_state_bytes_by_stage_by_hand():
+    n = 1_000_000
+    assert model_state_bytes(n, 0, 8) == 16e6  # 2 + 2 + 12, nothing sharded
+    assert model_state_bytes(n, 1, 4) == n * (2 + 2 + 12 / 4)  # 7e6
+    assert model_state_bytes(n, 2, 4) == n * (2 + 14 / 4)  # 5.5e6
+    assert model_state_bytes(n, 3, 4) == 4e6
+    assert model_state_bytes(n, 2, 1) == model_state_bytes(n, 0, 1)  # one rank: nothing to shard
+    assert model_state_bytes(n, 2, 2, mixed=False) == n * (4 + 12 / 2)
+    with pytest.raises(ValueError, match="stage"):
+        model_state_bytes(n, 4, 1)
+
+
+def test_table_adds_critic_and_reference():
+    rows = {(r.stage, r.world): r for r in memory_table(2**30, worlds=(1, 4), reference=True)}
+    assert rows[(0, 1)].actor_gib == 16 and rows[(0, 1)].critic_gib == 16 and rows[(0, 1)].reference_gib == 2
+    assert rows[(3, 4)].total_gib == 4 + 4 + 0.5  # ZeRO-3 also shards the frozen reference
+
+
+def test_parameter_counts_match_the_published_sizes():
+    assert count_parameters("qwen2.5-0.5b") == 494_032_768  # Qwen2.5-0.5B: 0.49B (tied embeddings)
+    assert round(count_parameters("qwen2.5-7b") / 1e9, 2) == 7.62
+    with pytest.raises(FileNotFoundError, match="local model directory"):
+        count_parameters("no-such-model")
