@@ -52,7 +52,7 @@ def grid_evaluate(name: str, seed: int = 0, params: str = "params.yaml", reports
         raise FileNotFoundError(f"{trained} does not exist: train the run first (`ragen grid train --name {name} "
                                 f"--seed {seed}` or `dvc repro ablation-train@{name}-{seed}`)")
     run_dir = json.loads(trained.read_text())["run_dir"]  # the run the train stage made, not a recomputed name
-    return evaluate_flow(cfg, str(grid_dir(reports, name, seed) / "eval"), checkpoint=run_dir)
+    return evaluate_flow(cfg, str(grid_dir(reports, name, seed) / "eval"), checkpoint=run_dir, reuse_run=True)
 
 
 @flow(name="ragen-grid-report", persist_result=False)

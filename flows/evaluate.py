@@ -10,6 +10,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from ragen.config import Config
+from ragen.eval import evaluate as ev
 from ragen.eval.evaluate import resolve_checkpoint
 from tasks import evaluate as tasks
 from tasks import tracking
@@ -27,12 +28,20 @@ def model_to_score(cfg: Config, checkpoint: str | None, mlflow_model: str | None
 
 @flow(name="ragen-evaluate", persist_result=False)
 def evaluate_flow(cfg: Config, out: str, checkpoint: str | None = None, mlflow_model: str | None = None,
-                  greedy: bool = False, log: bool = True) -> dict[str, Any]:
+                  greedy: bool = False, log: bool = True, reuse_run: bool = False) -> dict[str, Any]:
+    """Score a checkpoint on ``eval.panel``; ``reuse_run``: when ``checkpoint`` is a run directory that already
+    scored its last checkpoint on this panel with these settings (its final validation), take that evaluation."""
     logger = get_run_logger()
     model, info = model_to_score(cfg, checkpoint, mlflow_model)
-    logger.info("scoring %s on panel %s (%s)", model, cfg.eval.panel, "greedy" if greedy else
-                f"T={cfg.rollout.val_temperature}")
-    metrics = tasks.evaluate_model(cfg, model, out, greedy, info)
+    reused = ev.reuse_run_evaluation(cfg, checkpoint, out) if reuse_run and checkpoint and not greedy else None
+    if reused is not None:
+        logger.info("%s scored %s on this panel during training (%s): reused", checkpoint, model, reused)
+        metrics = ev.read_eval(out)["metrics"]
+        info = {**info, "reused_from": reused}
+    else:
+        logger.info("scoring %s on panel %s (%s)", model, cfg.eval.panel, "greedy" if greedy else
+                    f"T={cfg.rollout.val_temperature}")
+        metrics = tasks.evaluate_model(cfg, model, out, greedy, info)
     result: dict[str, Any] = {"model": model, "out": str(Path(out)), "metrics": metrics, **info}
     if log:
         try:

@@ -69,6 +69,8 @@ def test_dvc_repro_runs_the_grid_and_writes_the_report(grid_repo):
         m = ev["metrics"]
         assert m["Bandit/success_lo"] <= m["Bandit/success"] <= m["Bandit/success_hi"]
         assert (d / "eval" / "rollouts.parquet").is_file()
+        # the run's final validation already scored its last checkpoint on the panel: taken, not sampled again
+        assert ev["reused_from"].endswith("iter_00001/eval-panel") and ev["iteration"] == 1
     md = (repo / "reports" / "ablations.md").read_text()
     assert "## StarPO vs StarPO-S (Fig. 9)" in md and "| starpo-s-bandit | " in md and "| starpo-ppo-bandit | " in md
     assert "| starpo-s-bandit > starpo-ppo-bandit | Bandit |" in md and "## Echo Trap diagnostics" in md
@@ -77,6 +79,27 @@ def test_dvc_repro_runs_the_grid_and_writes_the_report(grid_repo):
     rows = list(csv.DictReader((repo / "reports" / "ablations" / "curves.csv").open()))
     assert {r["run"] for r in rows} == {f"{n}-s0" for n in EXPERIMENTS}
     assert sorted(int(r["step"]) for r in rows if r["run"] == "starpo-s-bandit-s0") == [0, 1, 2]
+
+
+def test_an_evaluation_with_other_settings_is_not_reused(grid_repo, tmp_path):
+    from flows.ablations import grid_config
+    from ragen.eval.evaluate import reuse_run_evaluation
+    from ragen.experiments import read_grid
+
+    repo, _ = grid_repo
+    run_dir = json.loads((repo / "reports" / "grid" / "starpo-s-bandit-s0" / "train.json").read_text())["run_dir"]
+    cwd = os.getcwd()
+    os.chdir(repo)  # the panel path is relative to the project
+    try:
+        _, cfg, _ = grid_config(read_grid("params.yaml"), "starpo-s-bandit", 0)
+        assert reuse_run_evaluation(cfg, run_dir, tmp_path / "same") is not None
+        other = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"pass_k": 2})})
+        assert reuse_run_evaluation(other, run_dir, tmp_path / "pass2") is None
+        hot = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"val_temperature": 1.0})})
+        assert reuse_run_evaluation(hot, run_dir, tmp_path / "hot") is None
+    finally:
+        os.chdir(cwd)
+    assert not (tmp_path / "pass2").exists()
 
 
 def test_second_repro_is_a_no_op(grid_repo):

@@ -120,3 +120,38 @@ def resolve_checkpoint(path: str | Path, which: str = "last") -> tuple[Path, dic
     best = best_iteration(run) if which == "best" else None
     k = best if best in done else max(done)
     return done[k], {"checkpoint": str(run.state(k)), "run_dir": str(p), "iteration": k}
+
+
+def reuse_run_evaluation(cfg: Config, run_dir: str | Path, out: str | Path) -> str | None:
+    """When the run at ``run_dir`` scored the checkpoint ``resolve_checkpoint`` picks (its last) during training,
+    on this ``eval.panel`` with these tags, samples per seed and temperature, copy that evaluation to ``out`` (as
+    ``evaluate_model`` writes one) and return where it came from; else None (score it anew). A grid's evaluation
+    stage then costs nothing for runs whose final validation already was the panel evaluation."""
+    import shutil
+
+    from ragen.run.iteration import panel_eval_dir
+    from ragen.run.rundir import RunDir, write_json
+
+    try:
+        model, info = resolve_checkpoint(run_dir)
+    except FileNotFoundError:
+        return None
+    k = info.get("iteration")
+    if k is None:
+        return None
+    src = panel_eval_dir(RunDir(Path(run_dir)).iteration(k) / EVAL_JSON)
+    if not (src / EVAL_JSON).is_file() or not (src / ROLLOUTS).is_file():
+        return None
+    data = read_eval(src)
+    panel, m = load_panel(cfg), data.get("metrics", {})
+    same = (data.get("panel") == str(cfg.eval.panel) and data.get("panel_name") == panel.name
+            and list(data.get("tags", [])) == list(panel.tags) and not data.get("greedy")
+            and m.get("eval/samples_per_seed") == float(cfg.eval.pass_k)
+            and m.get("eval/temperature") == eval_sampling(cfg).temperature)
+    if not same:
+        return None
+    dst = Path(out)
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / ROLLOUTS, dst / ROLLOUTS)
+    write_json(dst / EVAL_JSON, {**data, "model": str(model), **info, "reused_from": str(src)})
+    return str(src)

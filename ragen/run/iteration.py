@@ -138,10 +138,14 @@ def evaluate(rt: Runtime, out: Path) -> dict[str, float]:
     written to ``out`` as JSON."""
     t0 = time.monotonic()
     if rt.cfg.eval.panel is not None:
-        from ragen.eval.evaluate import evaluate_panel, load_panel
+        from ragen.eval.evaluate import evaluate_panel, load_panel, write_eval
 
-        res = evaluate_panel(rt.cfg, rt.engine, rt.renderer, load_panel(rt.cfg))
+        panel = load_panel(rt.cfg)
+        res = evaluate_panel(rt.cfg, rt.engine, rt.renderer, panel)
         rollouts, found = res.rollouts, res.metrics
+        # the panel evaluation as `ragen eval` writes it: a grid's evaluation stage reuses the last iteration's
+        write_eval(res, panel_eval_dir(out), {"panel": str(rt.cfg.eval.panel), "panel_name": panel.name,
+                                              "tags": panel.tags, "greedy": False})
     else:
         from ragen.rollout.runner import collect
 
@@ -153,6 +157,11 @@ def evaluate(rt: Runtime, out: Path) -> dict[str, float]:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, metrics)
     return metrics
+
+
+def panel_eval_dir(eval_json: Path) -> Path:
+    """Where an in-run evaluation on ``eval.panel`` keeps its panel metrics and rollouts (beside eval.json)."""
+    return eval_json.with_name(eval_json.stem + "-panel")
 
 
 def diagnose(cfg: Config, run: RunDir, k: int, metrics: dict[str, float]) -> dict[str, float]:
