@@ -13,6 +13,7 @@ from prefect import flow, get_run_logger
 from flows.sft import sft_flow
 from ragen.config import Config, load_config
 from ragen.run import loop
+from ragen.run.guard import GuardState, Rollback
 from ragen.run.iteration import Runtime
 from ragen.run.rundir import RunDir
 from ragen.sft import pipeline as sft_pipeline
@@ -77,8 +78,17 @@ def train_loop(run_name: str = "default", params: str | None = "params.yaml", pr
         finally:
             RUNTIMES.pop(str(run_.root), None)
 
+    def rolled_back(event: Rollback) -> None:
+        n = len(GuardState.read(run).rollbacks)
+        log.warning("collapse guard: %s at iteration %d; rolled back to after iteration %d (learning rates x%.3g, "
+                    "%s), the rolled-back iterations are in %s", ", ".join(event.signals), event.at, event.to,
+                    event.lr_factor, ", ".join(event.overrides) or "no other remedy", run.root / event.archived)
+        if run_id is not None:
+            tracking.reported(run, "MLflow guard event", tracking.log_rollback, cfg, run_id, n, event.__dict__)
+
     try:
-        res = loop.train_loop(cfg, run_name, ops=stages, iteration=step, on_iteration=report)
+        res = loop.train_loop(cfg, run_name, ops=stages, iteration=step, on_iteration=report,
+                              on_rollback=rolled_back)
     except BaseException:
         if run_id is not None:
             tracking.reported(run, "MLflow end", tracking.end_tracking, cfg, run_id, "FAILED")

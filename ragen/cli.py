@@ -146,6 +146,7 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
                                                         "of")] = None,
               ) -> None:
     """Train (or continue) a run: rollouts -> update -> eval per iteration, each iteration saved under runs/."""
+    from ragen.run.guard import GuardGaveUp
     from ragen.run.loop import with_iterations
     from ragen.run.rundir import ResumeError
 
@@ -164,13 +165,13 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
         from ragen.run.rundir import config_name
 
         run = config_name(cfg)
-    errors: tuple[type[Exception], ...] = (ResumeError,)
+    errors: tuple[type[Exception], ...] = (ResumeError, GuardGaveUp)
     try:
         if prefect:
             from flows.train_loop import train_loop
             from tasks.versioning import VersioningError
 
-            errors = (ResumeError, VersioningError)
+            errors = (ResumeError, GuardGaveUp, VersioningError)
 
             out = train_loop(run_name=run, params=str(params) if params else None, preset=preset or [],
                              overrides=overrides or [], iterations=iterations)
@@ -189,7 +190,12 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
     if not done:
         typer.echo(f"run {root} is already complete ({cfg.trainer.total_training_steps} iterations)")
         return
-    typer.echo(f"run {root}: completed iterations {done[0]}..{done[-1]}")
+    from ragen.run.guard import GuardState
+    from ragen.run.rundir import RunDir
+
+    rolled = len(GuardState.read(RunDir(Path(root))).rollbacks)
+    typer.echo(f"run {root}: completed iterations {done[0]}..{done[-1]}"
+               + (f" (collapse guard: {rolled} rollback(s), see guard.json)" if rolled else ""))
     for k in ("val/score", "actor/grad_norm", "timing_s/iteration"):
         if last and k in last:
             typer.echo(f"  {k:24s} {last[k]:.4f}")

@@ -243,6 +243,32 @@ class DiagnosticsConfig(_Section):
     grad_spike: float = Field(10.0, gt=1.0, description="warn when grad norm / median of earlier ones > this")
 
 
+GUARD_SIGNALS = ("std_collapse", "entropy_rise", "entropy_shift", "grad_spike")
+
+
+class GuardConfig(_Section):
+    """The collapse guard (ragen/run/guard.py): acts on the Echo Trap signals (thresholds in ``diagnostics``)."""
+
+    enabled: bool = Field(False, description="roll back to the last healthy checkpoint when the signals persist")
+    signals: list[str] = Field(default_factory=lambda: ["std_collapse", "entropy_rise", "grad_spike"],
+                               description="Echo Trap signals that count: std_collapse | entropy_rise | "
+                                           "entropy_shift (either direction) | grad_spike")
+    patience: int = Field(2, ge=1, description="consecutive iterations with a signal on before the guard acts")
+    lr_scale: float = Field(0.5, gt=0.0, le=1.0, description="actor and critic learning rates are multiplied by "
+                                                                "this at each rollback")
+    overrides: list[str] = Field(default_factory=list, description="key=value remedies applied at each rollback "
+                                                                   "(e.g. algorithm.filter_ratio=0.25)")
+    max_rollbacks: int = Field(2, ge=0, description="rollbacks allowed; the next trip stops the run")
+
+    @field_validator("signals")
+    @classmethod
+    def _known_signals(cls, v: list[str]) -> list[str]:
+        unknown = [s for s in v if s not in GUARD_SIGNALS]
+        if unknown or not v:
+            raise ValueError(f"unknown or no signal(s) {unknown}; choose from {', '.join(GUARD_SIGNALS)}")
+        return v
+
+
 class TrackingConfig(_Section):
     experiment: str = "ragen"
     mlflow_tracking_uri: str = "sqlite:///mlflow.db"
@@ -269,6 +295,7 @@ class Config(_Section):
     eval: EvalConfig = EvalConfig()
     sft: SFTConfig = SFTConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
+    guard: GuardConfig = GuardConfig()
     tracking: TrackingConfig = TrackingConfig()
     _tags: dict = PrivateAttr(default_factory=dict)
 
@@ -460,18 +487,32 @@ def load_config(params: str | Path | None = None, presets: Iterable[str] = (), o
             if part:
                 data = deep_merge(data, load_preset(part))
                 applied.append(part)
-    for text in overrides:
-        path_, value = parse_override(text)
-        section = _section_model(path_[:-1])
-        if section is not None and path_[-1] not in _field_names(section):
-            raise ConfigError(f"override {text!r}: {_unknown_key_message(path_)}")
-        _set_path(data, path_, value)
+    _apply_overrides(data, overrides)
     data["preset"] = applied
     source = " + ".join(sources + [f"preset {p}" for p in applied] + (["overrides"] if overrides else [])) or "config"
     try:
         return Config.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format_errors(e, source)) from None
+
+
+def _apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> None:
+    for text in overrides:
+        path_, value = parse_override(text)
+        section = _section_model(path_[:-1])
+        if section is not None and path_[-1] not in _field_names(section):
+            raise ConfigError(f"override {text!r}: {_unknown_key_message(path_)}")
+        _set_path(data, path_, value)
+
+
+def apply_overrides(cfg: Config, overrides: Iterable[str]) -> Config:
+    """``cfg`` with ``key=value`` overrides on top, validated as ``load_config`` validates them."""
+    data = config_to_dict(cfg)
+    _apply_overrides(data, overrides)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, "overrides")) from None
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

@@ -38,13 +38,15 @@ class Scale:
     iterations: int  # trainer.total_training_steps of an Online-1 run
 
 
+# the ablations measure the paper's algorithms as they are: no collapse guard rolling a run back
+PAPER_FAITHFUL = ("guard.enabled=false",)
 SCALES: dict[str, Scale] = {
     # One update per rollout as the paper (filter 25% of 8 groups x 8 keeps 16 = one mini-batch); a 32-seed panel
     # per tag every 5 iterations; no checkpoints kept beyond the last (the grid keeps metrics, not weights).
     "cpu-small": Scale("cpu-small", ("actor.ppo_mini_batch_size=16", "critic.ppo_mini_batch_size=16",
                                      "trainer.test_freq=5", "trainer.checkpoint_every=1000",
-                                     "eval.panel=data/panels/cpu-small.json"), 10),
-    "paper": Scale("paper", ("eval.panel=data/panels/paper.json",), 200),
+                                     "eval.panel=data/panels/cpu-small.json", *PAPER_FAITHFUL), 10),
+    "paper": Scale("paper", ("eval.panel=data/panels/paper.json", *PAPER_FAITHFUL), 200),
 }
 
 BANDIT = ("envs.train.tags=[Bandit]", "agent.max_turn=1", "agent.max_actions_per_turn=1",

@@ -260,6 +260,15 @@ def register_model(cfg: Config, run: RunDir, run_id: str) -> dict[str, Any] | No
             "previous_champion": int(current.version) if current is not None else None}
 
 
+@task(name="log_rollback", retries=3, retry_delay_seconds=2, **_OPTS)
+def log_rollback(cfg: Config, run_id: str, n: int, event: dict[str, Any]) -> None:
+    """A collapse-guard rollback: metric ``guard/rollbacks`` (= n) at the iteration that tripped it, and a tag
+    ``guard/rollback_<n>`` with what happened (signals, where training continues, the learning-rate factor)."""
+    client = _client(cfg)
+    _log_metrics(client, run_id, int(event["at"]), {"guard/rollbacks": float(n)})
+    client.set_tag(run_id, f"guard/rollback_{n}", json.dumps(event, sort_keys=True))
+
+
 @task(name="end_tracking", retries=3, retry_delay_seconds=2, **_OPTS)
 def end_tracking(cfg: Config, run_id: str, status: str = "FINISHED") -> None:
     _client(cfg).set_terminated(run_id, status=status)

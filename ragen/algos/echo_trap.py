@@ -38,7 +38,7 @@ def echo_trap(history: Sequence[Mapping[str, float]], window: int = 3, std_colla
     * ``echo/std_ratio``: mean in-group std over the last ``window`` iterations / over the first ``window``;
       ``echo/std_collapse`` = 1 when it is below ``std_collapse``;
     * ``echo/entropy_change``: |recent mean entropy / baseline - 1|; ``echo/entropy_shift`` = 1 above
-      ``entropy_change``;
+      ``entropy_change``; ``echo/entropy_rise`` = 1 when the entropy rose by more than that (a blow-up);
     * ``echo/grad_norm_ratio``: the last grad norm / the median of all earlier ones; ``echo/grad_spike`` = 1
       above ``grad_spike``;
     * ``echo/warning`` = 1 when any sign is on. Until ``2 * window`` iterations exist only the grad-norm sign
@@ -56,6 +56,9 @@ def echo_trap(history: Sequence[Mapping[str, float]], window: int = 3, std_colla
         change = abs(re / be - 1) if be and math.isfinite(be) and math.isfinite(re) else math.nan
         out["echo/entropy_change"] = change
         flags.append(("echo/entropy_shift", math.isfinite(change) and change > entropy_change))
+        # the blow-up direction alone (the policy unlearning): a falling entropy is also the healthy sharpening
+        rise = re / be - 1 if be and math.isfinite(be) and math.isfinite(re) else math.nan
+        flags.append(("echo/entropy_rise", math.isfinite(rise) and rise > entropy_change))
     if n >= 3:
         med = _median([h.get(GRAD, math.nan) for h in history[:-1]])
         last = history[-1].get(GRAD, math.nan)

@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from ragen.config import Config
+from ragen.run import guard
 from ragen.run import iteration as plain_ops
 from ragen.run.iteration import EVAL_INIT, Runtime, should_evaluate
 from ragen.run.rundir import RunDir
@@ -23,6 +24,7 @@ class LoopResult:
     iterations: list[int] = field(default_factory=list)  # completed by this call
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     eval_init: dict[str, float] | None = None
+    rollbacks: list[guard.Rollback] = field(default_factory=list)  # by the collapse guard, in this call
 
 
 def with_iterations(overrides: list[str] | None, iterations: int | None) -> list[str]:
@@ -31,11 +33,26 @@ def with_iterations(overrides: list[str] | None, iterations: int | None) -> list
 
 
 def open_run(cfg: Config, name: str) -> tuple[RunDir, Runtime, int]:
-    """Bind the config to the run directory; the runtime (not yet opened) starts at the run's resume point."""
+    """Bind the config to the run directory; the runtime (not yet opened) starts at the run's resume point, with
+    the remedies of the collapse guard's earlier rollbacks (guard.json) applied."""
     run = RunDir.at(cfg.trainer.run_dir, name)
     run.bind_config(cfg)
     start = run.next_iteration()
-    return run, Runtime(cfg, resume=run.resume_state(), run=run), start
+    eff = guard.effective_config(cfg, guard.GuardState.read(run)) if cfg.guard.enabled else cfg
+    return run, Runtime(eff, resume=run.resume_state(), run=run), start
+
+
+def guard_check(cfg: Config, run: RunDir, k: int) -> guard.Rollback | None:
+    """After iteration k: roll back when the configured Echo Trap signals have been on for ``guard.patience``
+    iterations since the last rollback (``GuardGaveUp`` once the rollbacks are used up)."""
+    state = guard.GuardState.read(run)
+    floor = state.rollbacks[-1].to if state.rollbacks else -1
+    history = [run.metrics(j) for j in run.completed() if floor < j <= k]
+    n = guard.streak(history, cfg.guard.signals)
+    if n < cfg.guard.patience:
+        return None
+    return guard.roll_back(run, cfg, state, at=k, first_bad=k - n + 1,
+                           signals=guard.signals_on(history[-1], cfg.guard.signals))
 
 
 def run_iteration(rt: Runtime, run: RunDir, k: int, last: int, ops: ModuleType | Any = plain_ops
@@ -54,9 +71,11 @@ def run_iteration(rt: Runtime, run: RunDir, k: int, last: int, ops: ModuleType |
 
 def train_loop(cfg: Config, name: str, *, ops: ModuleType | Any = plain_ops,
                iteration: Callable[..., dict[str, float]] | None = None,
-               on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> LoopResult:
+               on_iteration: Callable[[int, dict[str, float]], None] | None = None,
+               on_rollback: Callable[[guard.Rollback], None] | None = None) -> LoopResult:
     """Run (or continue) the run ``name`` up to ``trainer.total_training_steps`` iterations; ``iteration``
-    replaces ``run_iteration`` (e.g. by a subflow around it)."""
+    replaces ``run_iteration`` (e.g. by a subflow around it). With ``guard.enabled``, a collapse rolls the run
+    back to a healthy checkpoint and it trains on from there with the remedy (``on_rollback`` hears of it)."""
     run, rt, start = open_run(cfg, name)
     res = LoopResult(run, resumed_at=start)
     last = cfg.trainer.total_training_steps - 1
@@ -71,11 +90,23 @@ def train_loop(cfg: Config, name: str, *, ops: ModuleType | Any = plain_ops,
         if cfg.trainer.val_before_train and start == 0:
             res.eval_init = ops.evaluate(rt, run.root / EVAL_INIT)
         step = iteration or (lambda rt_, run_, k_, last_: run_iteration(rt_, run_, k_, last_, ops))
-        for k in range(start, last + 1):
+        k = start
+        while k <= last:
             res.metrics[k] = step(rt, run, k, last)
             res.iterations.append(k)
             if on_iteration is not None:
                 on_iteration(k, res.metrics[k])
+            event = guard_check(cfg, run, k) if cfg.guard.enabled else None
+            if event is None:
+                k += 1
+                continue
+            res.rollbacks.append(event)
+            if on_rollback is not None:
+                on_rollback(event)
+            rt.close()  # the healthy checkpoint (or the base model) with the remedied settings
+            rt = Runtime(guard.effective_config(cfg, guard.GuardState.read(run)), resume=run.resume_state(),
+                         run=run).open()
+            k = event.to + 1
     finally:
         rt.close()
     return res

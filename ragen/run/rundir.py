@@ -33,6 +33,9 @@ DVC_SUFFIX = ".dvc"
 _ITER = re.compile(r"^iter_(\d{5})$")
 # keys that may differ between the first start of a run and its resume without changing its data
 # (prefixes: where runs are logged and versioned is not part of what they compute)
+# Settings added to the schema after runs were made with the behaviour their default keeps: at that default they
+# are not part of a run's identity, so those runs keep their names (and restarts are not refused) across the addition.
+LATER_KEYS = {"actor.compute_dtype": "fp32", "critic.compute_dtype": "fp32"}
 RESUME_FREE = ("trainer.total_training_steps", "rollout.progress", "tracking.", "diagnostics.")
 
 
@@ -74,6 +77,11 @@ class RunDir:
             if m and (p / MARKER).is_file():
                 out.append(int(m.group(1)))
         return sorted(out)
+
+    def metrics(self, k: int) -> dict[str, float]:
+        """Iteration k's metrics.json ({} when it has none)."""
+        p = self.iteration(k) / "metrics.json"
+        return json.loads(p.read_text()) if p.is_file() else {}
 
     def next_iteration(self) -> int:
         """Where a (re)started run begins: 0, or after the last completed iteration. Completed iterations must be
@@ -144,11 +152,14 @@ class RunDir:
 def identity(flat: dict[str, Any]) -> dict[str, Any]:
     """The settings that make a run's data, from a flattened config: the warm-start and SFT settings count only
     when the run starts from a warm-start (``model.warm_start`` off, or auto without thinking, leaves them out),
-    so a run made before they existed keeps its identity."""
+    the collapse guard's only when it is enabled, and ``LATER_KEYS`` only away from their defaults, so a run made
+    before they existed keeps its identity."""
     ws = flat.get("model.warm_start", "off")
     if ws in ("off", False) or (ws == "auto" and not flat.get("agent.enable_think", True)):
-        return {k: v for k, v in flat.items() if not k.startswith("sft.") and k != "model.warm_start"}
-    return flat
+        flat = {k: v for k, v in flat.items() if not k.startswith("sft.") and k != "model.warm_start"}
+    if not flat.get("guard.enabled", False):  # an idle collapse guard changes nothing a run makes
+        flat = {k: v for k, v in flat.items() if not k.startswith("guard.")}
+    return {k: v for k, v in flat.items() if not (k in LATER_KEYS and v == LATER_KEYS[k])}
 
 
 def config_name(cfg: Config) -> str:
