@@ -19,10 +19,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ragen.services import Service, healthy
 
 DEPLOYMENT = "ragen/train-loop"
 PROCESS_POOL = "ragen-process"
@@ -37,16 +38,8 @@ def _bin(name: str) -> str:
     return str(p) if p.exists() else name
 
 
-def healthy(api_url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 @dataclass
-class LocalPrefect:
+class LocalPrefect(Service):
     """A local Prefect server and what runs ``ragen/train-loop``: a process work pool with a worker (``mode="pool"``:
     the deployment of infra/prefect/prefect.yaml) or the process serving it (``mode="serve"``: flow.serve);
     ``with LocalPrefect(...) as p:``."""
@@ -168,17 +161,6 @@ class LocalPrefect:
             _killpg(p.pid, signal.SIGKILL)
             p.wait()
         self.procs.clear()
-
-    def __enter__(self) -> LocalPrefect:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):

@@ -18,6 +18,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 PG_USER = "ragen"
 PG_DB = "mlflow"
@@ -47,6 +48,36 @@ def pg_bin(name: str) -> str:
                        f"`apt-get install postgresql`; .ci/run does) or put its bin/ directory on PATH")
 
 
+class Service:
+    """A server this process starts and stops: ``with X(...) as x:`` starts it, and stops it on leaving (also when
+    starting fails half-way)."""
+
+    def start(self) -> Service:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    """Whether ``url``/health answers 200 (Prefect's API and the MLflow server both have it)."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def _as_owner(args: list[str]) -> list[str]:
     """Run as the postgres system user when this process is root (PostgreSQL refuses root)."""
     if os.geteuid() != 0:
@@ -57,7 +88,7 @@ def _as_owner(args: list[str]) -> list[str]:
 
 
 @dataclass
-class LocalPostgres:
+class LocalPostgres(Service):
     """A throw-away (or kept) PostgreSQL cluster in ``data_dir`` on 127.0.0.1:``port``, with a database ``db``
     owned by ``user``; trust authentication on loopback only. ``with LocalPostgres(dir) as pg: pg.url``."""
 
@@ -142,27 +173,9 @@ class LocalPostgres:
             with contextlib.suppress(ServiceError, subprocess.TimeoutExpired):
                 self._run([pg_bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"], "stop")
 
-    def __enter__(self) -> LocalPostgres:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2.0) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
 
 @dataclass
-class LocalMLflowServer:
+class LocalMLflowServer(Service):
     """``mlflow server`` on 127.0.0.1:``port`` over ``backend`` (a database URL), storing artifacts under
     ``artifacts`` and serving them to clients (artifact proxy: clients need no direct access to the store)."""
 
@@ -178,7 +191,7 @@ class LocalMLflowServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> LocalMLflowServer:
-        if _healthy(self.url):
+        if healthy(self.url):
             raise ServiceError(f"something already answers on {self.url}: stop it or choose another port")
         self.artifacts.mkdir(parents=True, exist_ok=True)
         log = self.log or self.artifacts.parent / "mlflow-server.log"
@@ -189,7 +202,7 @@ class LocalMLflowServer:
         with log.open("ab") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         t0 = time.monotonic()
-        while not _healthy(self.url):
+        while not healthy(self.url):
             if self.proc.poll() is not None:
                 raise ServiceError(f"mlflow server exited with code {self.proc.returncode}; see {log}")
             if time.monotonic() - t0 > self.startup_timeout:
@@ -210,13 +223,3 @@ class LocalMLflowServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.proc = None
-
-    def __enter__(self) -> LocalMLflowServer:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
