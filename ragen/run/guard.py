@@ -15,7 +15,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ragen.config import Config, apply_overrides
 from ragen.run.rundir import MARKER, RunDir, write_json
@@ -71,6 +70,16 @@ class GuardState:
             raise ValueError(f"{p} is damaged ({e}); it records the guard's rollbacks: restore it from DVC or git, "
                              f"or delete it to continue without the remedies it applied") from None
 
+    @property
+    def floor(self) -> int:
+        """Where the last rollback resumed after (-1: the start of the run): the guard never goes back past it."""
+        return self.rollbacks[-1].to if self.rollbacks else -1
+
+    @property
+    def lr_factor(self) -> float:
+        """The learning-rate factor in effect (the product of one ``lr_scale`` per rollback)."""
+        return self.rollbacks[-1].lr_factor if self.rollbacks else 1.0
+
     def write(self, run: RunDir) -> None:
         write_json(run.root / GUARD_FILE, {"rollbacks": [r.__dict__ for r in self.rollbacks]})
 
@@ -79,8 +88,8 @@ def effective_config(cfg: Config, state: GuardState) -> Config:
     """The run's config with the remedies of every rollback so far (what training continues with)."""
     if not state.rollbacks:
         return cfg
-    last = state.rollbacks[-1]
-    over = [f"actor.lr={cfg.actor.lr * last.lr_factor!r}", f"critic.lr={cfg.critic.lr * last.lr_factor!r}"]
+    f = state.lr_factor
+    over = [f"actor.lr={cfg.actor.lr * f!r}", f"critic.lr={cfg.critic.lr * f!r}"]
     for r in state.rollbacks:
         over += r.overrides
     return apply_overrides(cfg, over)
@@ -105,15 +114,14 @@ def roll_back(run: RunDir, cfg: Config, state: GuardState, at: int, first_bad: i
             f"{g.max_rollbacks} allows; the run stops here. Its history is in {run.root / GUARD_FILE} and "
             f"{run.root / ARCHIVE}/. Try a lower actor.lr, stronger filtering (algorithm.filter_ratio), or "
             f"another seed; or raise guard.max_rollbacks")
-    floor = state.rollbacks[-1].to if state.rollbacks else -1
-    to = healthy_iteration(run, first_bad, floor)
+    to = healthy_iteration(run, first_bad, state.floor)
     n = len(state.rollbacks) + 1
     dest = run.root / ARCHIVE / f"rollback-{n}"
     dest.mkdir(parents=True, exist_ok=True)
     for k in range(to + 1, at + 1):
         _archive(run, k, dest)
-    factor = (state.rollbacks[-1].lr_factor if state.rollbacks else 1.0) * g.lr_scale
-    event = Rollback(at=at, to=to, signals=list(signals), lr_factor=factor, overrides=list(g.overrides),
+    event = Rollback(at=at, to=to, signals=list(signals), lr_factor=state.lr_factor * g.lr_scale,
+                     overrides=list(g.overrides),
                      archived=str(dest.relative_to(run.root)))
     state.rollbacks.append(event)
     state.write(run)
@@ -136,8 +144,3 @@ def _archive(run: RunDir, k: int, dest: Path) -> None:
         if pointer.is_file():  # the DVC pointer describes what moved away: keep it with it
             pointer.rename(dest / (name + ".dvc"))
 
-
-def describe(event: Rollback) -> dict[str, Any]:
-    """The event as MLflow tags / log fields."""
-    return {"guard/rollback_at": event.at, "guard/rollback_to": event.to, "guard/signals": ",".join(event.signals),
-            "guard/lr_factor": event.lr_factor, "guard/archived": event.archived}

@@ -168,8 +168,7 @@ def diagnose(cfg: Config, run: RunDir, k: int, metrics: dict[str, float]) -> dic
     """Echo Trap warnings at iteration k from the metrics of iterations 0..k-1 (on disk) and k's."""
     from ragen.algos.echo_trap import echo_trap
 
-    history = [json.loads(p.read_text()) for j in run.completed() if j < k
-               and (p := run.iteration(j) / "metrics.json").is_file()]
+    history = [m for j in run.completed() if j < k and (m := run.metrics(j))]
     d = cfg.diagnostics
     return echo_trap([*history, metrics], window=d.window, std_collapse=d.std_collapse,
                      entropy_change=d.entropy_change, grad_spike=d.grad_spike)

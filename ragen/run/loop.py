@@ -46,8 +46,7 @@ def guard_check(cfg: Config, run: RunDir, k: int) -> guard.Rollback | None:
     """After iteration k: roll back when the configured Echo Trap signals have been on for ``guard.patience``
     iterations since the last rollback (``GuardGaveUp`` once the rollbacks are used up)."""
     state = guard.GuardState.read(run)
-    floor = state.rollbacks[-1].to if state.rollbacks else -1
-    history = [run.metrics(j) for j in run.completed() if floor < j <= k]
+    history = [run.metrics(j) for j in run.completed() if state.floor < j <= k]
     n = guard.streak(history, cfg.guard.signals)
     if n < cfg.guard.patience:
         return None
