@@ -56,9 +56,15 @@ def resolve(params: str | None, preset: list[str] | str | None, overrides: list[
 def train_loop(run_name: str = "default", params: str | None = "params.yaml", preset: list[str] | None = None,
                overrides: list[str] | None = None, iterations: int | None = None) -> dict[str, Any]:
     """Train (or continue) run ``run_name``: config = params file <- presets <- overrides (``key=value``)."""
-    log = get_run_logger()
     cfg = resolve(params, preset, overrides, iterations)
     run = RunDir.at(cfg.trainer.run_dir, run_name)
+    with run.locked():  # one process per run directory (a second start is refused before it logs anything)
+        return _train(run, cfg, run_name, params, preset, overrides, iterations)
+
+
+def _train(run: RunDir, cfg: Config, run_name: str, params: str | None, preset: list[str] | None,
+           overrides: list[str] | None, iterations: int | None) -> dict[str, Any]:
+    log = get_run_logger()
     run.bind_config(cfg)  # refuses a restart with other settings before anything is logged
     if sft_pipeline.needs_build(cfg) and run.next_iteration() == 0:  # model.warm_start=auto: warm-start first
         log.info("model.warm_start=auto: making the SFT checkpoint %s first", cfg.sft.output)

@@ -32,6 +32,8 @@ app.add_typer(sft_app, name="sft")
 app.add_typer(eval_app, name="eval")
 app.add_typer(experiments_app, name="experiments")
 app.add_typer(grid_app, name="grid")
+runs_app = typer.Typer(no_args_is_help=True, help="Training runs on disk (runs/<name>).")
+app.add_typer(runs_app, name="runs")
 services_app = typer.Typer(no_args_is_help=True, help="Local servers for tracking at scale (infra/mlflow/).")
 app.add_typer(services_app, name="services")
 
@@ -148,7 +150,7 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
     """Train (or continue) a run: rollouts -> update -> eval per iteration, each iteration saved under runs/."""
     from ragen.run.guard import GuardGaveUp
     from ragen.run.loop import with_iterations
-    from ragen.run.rundir import ResumeError
+    from ragen.run.rundir import ResumeError, RunDir
 
     if experiment is not None:
         from ragen.experiments import resolve
@@ -165,13 +167,18 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
         from ragen.run.rundir import config_name
 
         run = config_name(cfg)
-    errors: tuple[type[Exception], ...] = (ResumeError, GuardGaveUp)
+    try:
+        RunDir.at(cfg.trainer.run_dir, run)
+    except ValueError as e:
+        typer.secho(f"--run: {e}", err=True, fg="red")
+        raise typer.Exit(2) from None
+    errors: tuple[type[Exception], ...] = (ResumeError, GuardGaveUp, FileNotFoundError)
     try:
         if prefect:
             from flows.train_loop import train_loop
             from tasks.versioning import VersioningError
 
-            errors = (ResumeError, GuardGaveUp, VersioningError)
+            errors = (ResumeError, GuardGaveUp, VersioningError, FileNotFoundError)
 
             out = train_loop(run_name=run, params=str(params) if params else None, preset=preset or [],
                              overrides=overrides or [], iterations=iterations)
@@ -185,13 +192,20 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
     except errors as e:
         typer.secho(str(e), err=True, fg="red")
         raise typer.Exit(2) from None
+    except OSError as e:  # a full disk, a quota, a read-only run directory: say so, the completed data is intact
+        from ragen.run.rundir import storage_failure
+
+        msg = storage_failure(RunDir.at(cfg.trainer.run_dir, run), e)
+        if msg is None:
+            raise
+        typer.secho(msg, err=True, fg="red")
+        raise typer.Exit(1) from None
     if summary is not None:
         _write_summary(Path(root), summary)
     if not done:
         typer.echo(f"run {root} is already complete ({cfg.trainer.total_training_steps} iterations)")
         return
     from ragen.run.guard import GuardState
-    from ragen.run.rundir import RunDir
 
     rolled = len(GuardState.read(RunDir(Path(root))).rollbacks)
     typer.echo(f"run {root}: completed iterations {done[0]}..{done[-1]}"
@@ -528,6 +542,30 @@ def _grid_call(fn: object, *args: object) -> dict:
         raise typer.Exit(2) from None
 
 
+@runs_app.command("compare")
+def runs_compare_cmd(runs: Annotated[list[Path], typer.Argument(help="run directories (runs/<name>)")],
+                     out: Annotated[Path | None, typer.Option(help="write summary.json, compare.md and compare.png "
+                                                                   "here")] = None,
+                     key: Annotated[list[str] | None, typer.Option(help="metrics to compare (repeatable)")] = None,
+                     ) -> None:
+    """Runs side by side: kept and rolled-back iterations, collapse-guard rollbacks, first vs last values."""
+    from ragen.report.compare import KEYS, markdown, plot_compare, summarize
+
+    keys = tuple(key or KEYS)
+    missing = [str(r) for r in runs if not (r / "config.yaml").is_file()]
+    if missing:
+        typer.secho(f"not run directories (no config.yaml): {', '.join(missing)}", err=True, fg="red")
+        raise typer.Exit(2)
+    rows = [summarize(r, keys) for r in runs]
+    table = markdown(rows, keys)
+    typer.echo(table)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+        (out / "compare.md").write_text(table + "\n")
+        typer.echo(f"wrote {plot_compare(runs, out / 'compare.png', keys)}, {out / 'summary.json'}")
+
+
 @grid_app.command("list")
 def grid_list(params: GridParams = Path("params.yaml")) -> None:
     """The grid's runs (experiment x seed) at its scale, with their run names."""
@@ -696,6 +734,31 @@ def bench_train_cmd(as_json: Annotated[bool, typer.Option("--json", help="print 
     _print_result(result, as_json)
 
 
+@bench_app.command("faults")
+def bench_faults_cmd(as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+                     quick: Annotated[bool, typer.Option("--quick", help="only the cases that do not train "
+                                                                         "(about a minute)")] = False) -> None:
+    """The fault-injection suite (tests/faults): SIGKILL in rollout, update and DVC push, MLflow outage, full disk,
+    damaged files, bad settings, concurrent runs, adversarial model output. Prints faults tried, survived and
+    files of completed iterations lost (must be 0); exits 1 if any fault was not survived."""
+    from ragen.bench import bench_faults
+
+    try:
+        result = bench_faults(quick=quick)
+    except FileNotFoundError as e:
+        typer.secho(str(e), err=True, fg="red")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        for f in result["faults"]:
+            typer.echo(f"{'survived' if f['survived'] else 'FAILED':8s}  {f['name']}")
+        typer.echo(f"faults tried {result['faults_tried']}, survived {result['survived']}, data lost "
+                   f"{result['data_lost']} files; {result['wall_s']:.0f} s")
+    if result["pytest_exit_code"] != 0 or result["survived"] < result["faults_tried"] or result["data_lost"]:
+        raise typer.Exit(1)
+
+
 @bench_app.command("pipeline")
 def bench_pipeline_cmd(as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
                        iterations: Annotated[int, typer.Option(help="iterations, alternating plain / orchestrated")]
@@ -766,6 +829,9 @@ def main() -> None:
     # in-process flows start an ephemeral Prefect server: no telemetry from it (this machine has no internet, and
     # each attempt logs an error); a user who wants it sets the variable
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # its start-up can take longer than Prefect's 20 s when other runs (or a grid) load both cores: a second run
+    # started beside a first one timed out here and failed after training
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     try:
         app()
     except BrokenPipeError:

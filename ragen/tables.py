@@ -20,6 +20,11 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
 def read_table(path: str | Path, what: str, columns: Sequence[str], how_to_make: str) -> pd.DataFrame:
     """Read a table, naming ``what`` it is and ``how_to_make`` it again when it is missing or damaged."""
     path = Path(path)
+    for versioned in (path, path.parent):  # a DVC-versioned table (a run's iteration folder) is restored, not remade
+        pointer = versioned.with_name(versioned.name + ".dvc")
+        if pointer.is_file():
+            how_to_make = f"restore it with `dvc checkout {pointer}` (or `dvc pull {pointer}`)"
+            break
     try:
         df = pd.read_parquet(path)
     except FileNotFoundError:

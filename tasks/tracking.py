@@ -34,9 +34,19 @@ _BAD_NAME = re.compile(r"[^\w\-. :/]")
 _OPTS = {"cache_policy": NO_CACHE, "persist_result": False}
 
 
+# MLflow's HTTP client retries a down server with backoff for minutes per call by default; each task here is
+# retried anyway and then reported, so an unreachable server costs training seconds, not minutes
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
+
+
 def _client(cfg: Config) -> Any:
+    import os
+
     import mlflow
 
+    for key, value in HTTP_DEFAULTS.items():  # a user's own setting wins
+        os.environ.setdefault(key, value)
     mlflow.set_tracking_uri(cfg.tracking.mlflow_tracking_uri)
     return mlflow.MlflowClient(cfg.tracking.mlflow_tracking_uri)
 

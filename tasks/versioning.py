@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -19,6 +20,8 @@ from prefect.cache_policies import NO_CACHE
 from ragen.config import Config
 from ragen.run.iteration import EVAL_INIT, best_iteration
 from ragen.run.rundir import MARKER, RunDir, states_to_version
+
+T = TypeVar("T")
 
 
 class VersioningError(RuntimeError):
@@ -99,6 +102,27 @@ def pointers(run: RunDir) -> list[Path]:
     return sorted(run.root.rglob("*.dvc"))
 
 
+LOCK_WAIT_S = 600.0  # how long versioning waits for another DVC command (another run's versioning, a dvc CLI)
+
+
+def when_unlocked(root: Path, fn: Callable[[], T], wait_s: float = LOCK_WAIT_S) -> T:
+    """``fn()`` (DVC calls on the repo at ``root``), retried while another process holds the repo's lock: DVC
+    allows one command per repo, and two runs on one machine version into the same repo."""
+    from dvc.lock import LockError
+
+    deadline, delay = time.monotonic() + wait_s, 0.5
+    while True:
+        try:
+            return fn()
+        except LockError as e:
+            if time.monotonic() > deadline:
+                raise VersioningError(f"the DVC repository {root} stayed locked for {wait_s:.0f} s ({e}); "
+                                      f"another DVC command holds it: versioning catches up after the next "
+                                      f"iteration") from None
+            time.sleep(delay)
+            delay = min(2 * delay, 10.0)
+
+
 def version(cfg: Config, run: RunDir, k: int, last: int) -> dict[str, float]:
     """``dvc add`` what is pending, then push every pointer of the run; returns counts and the time taken."""
     from dvc.repo import Repo
@@ -108,13 +132,17 @@ def version(cfg: Config, run: RunDir, k: int, last: int) -> dict[str, float]:
 
     t0 = time.monotonic()
     root = dvc_root(run)
-    targets = pending(run, k, last, cfg.trainer.checkpoint_every)
-    with Repo(str(root)) as repo:
-        if targets:
-            repo.add([str(p.resolve()) for p in targets])
-        pushed = repo.push(targets=[str(p.resolve()) for p in pointers(run)], remote=cfg.tracking.dvc_remote)
-    return {"dvc/added": float(len(targets)), "dvc/pushed_files": float(pushed or 0),
-            "timing_s/dvc": time.monotonic() - t0}
+
+    def add_and_push() -> tuple[int, int]:
+        targets = pending(run, k, last, cfg.trainer.checkpoint_every)  # again after a wait: another call may have
+        with Repo(str(root)) as repo:
+            if targets:
+                repo.add([str(p.resolve()) for p in targets])
+            pushed = repo.push(targets=[str(p.resolve()) for p in pointers(run)], remote=cfg.tracking.dvc_remote)
+        return len(targets), int(pushed or 0)
+
+    added, pushed = when_unlocked(root, add_and_push)
+    return {"dvc/added": float(added), "dvc/pushed_files": float(pushed), "timing_s/dvc": time.monotonic() - t0}
 
 
 # a hung remote (ssh, s3) must not stall training for ever: after the timeout the call is retried, then reported
@@ -147,19 +175,21 @@ def version_paths(paths: list[Path], remote: str | None = None) -> dict[str, Any
     except NotDvcRepoError:
         raise VersioningError(f"{first} is not inside a DVC repository: run `dvc init` in the project, or set "
                               f"tracking.dvc=false") from None
-    added, staged = [], []
-    with Repo(root) as repo:
-        for p in paths:
-            try:
-                outs = repo.find_outs_by_path(str(p.resolve()))
-            except OutputNotFoundError:
-                outs = []
-            (staged if any(o.stage.cmd for o in outs) else added).append(str(p.resolve()))
-        if added:
-            repo.add(added)
-            pointers = [f"{p}.dvc" for p in added]
-            pushed = repo.push(targets=pointers, remote=remote)
-        else:
+    def add_and_push() -> tuple[list[str], list[str], int]:
+        added, staged = [], []
+        with Repo(root) as repo:
+            for p in paths:
+                try:
+                    outs = repo.find_outs_by_path(str(p.resolve()))
+                except OutputNotFoundError:
+                    outs = []
+                (staged if any(o.stage.cmd for o in outs) else added).append(str(p.resolve()))
             pushed = 0
-    return {"added": added, "left_to_dvc_yaml": staged, "pushed_files": int(pushed or 0),
+            if added:
+                repo.add(added)
+                pushed = repo.push(targets=[f"{p}.dvc" for p in added], remote=remote)
+        return added, staged, int(pushed or 0)
+
+    added, staged, pushed = when_unlocked(Path(root), add_and_push)
+    return {"added": added, "left_to_dvc_yaml": staged, "pushed_files": pushed,
             "time_s": time.monotonic() - t0}

@@ -1,9 +1,20 @@
 """The run directory: where a restarted run continues, config binding, the checkpoint retention rule."""
 
+import os
+
 import pytest
 
 from ragen.config import load_config
-from ragen.run.rundir import STATE_MARKER, ResumeError, RunDir, prune_states, retained_states, states_to_version
+from ragen.run.rundir import (
+    STATE_MARKER,
+    ResumeError,
+    RunBusyError,
+    RunDir,
+    prune_states,
+    retained_states,
+    states_to_version,
+    storage_failure,
+)
 
 
 def complete(run, k, state=True):
@@ -110,3 +121,49 @@ def test_config_name_changes_with_the_data_settings_only():
     assert a.startswith("p-") and a == config_name(load_config(None, ["cpu-small"]))
     assert a == config_name(load_config(None, ["cpu-small"], ["trainer.total_training_steps=99", "tracking.dvc=false"]))
     assert a != config_name(load_config(None, ["cpu-small"], ["actor.lr=0.5"]))
+
+
+def test_a_run_directory_is_held_by_one_process(tmp_path):
+    import subprocess
+    import sys
+
+    run = RunDir.at(tmp_path, "r")
+    hold = ("import sys, time; from ragen.run.rundir import RunDir\n"
+            "with RunDir.at(sys.argv[1], 'r').locked():\n    print('held', flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        busy = rf"is being trained by pid {p.pid}; wait for it .* another --run"
+        with pytest.raises(RunBusyError, match=busy), run.locked():
+            pass
+    finally:
+        p.kill()
+        p.wait()
+    with run.locked(), run.locked():  # free again once the holder died; reentrant within a process
+        assert (run.root / ".lock").read_text().strip() == f"pid {os.getpid()}"
+    with run.locked():
+        pass
+
+
+def test_storage_failures_say_what_is_intact_and_how_to_resume(tmp_path):
+    import errno
+
+    run = RunDir.at(tmp_path, "r")
+    complete(run, 0)
+    complete(run, 1)
+    msg = storage_failure(run, OSError(errno.ENOSPC, "No space left on device", str(run.iteration(2) / "x")))
+    assert "No space left on device" in msg and "iterations 0..1 are complete and intact" in msg
+    assert "it resumes at iteration 2" in msg and str(run.iteration(2) / "x") in msg
+    assert storage_failure(run, OSError(errno.ECONNREFUSED, "refused")) is None
+    assert storage_failure(run, ValueError("not storage")) is None
+
+
+def test_a_damaged_metrics_file_is_named_with_its_restore(tmp_path):
+    run = RunDir.at(tmp_path, "r")
+    complete(run, 0)
+    (run.iteration(0) / "metrics.json").write_text('{"val/sc')
+    with pytest.raises(ResumeError, match=r"metrics\.json is damaged .*not DVC-versioned"):
+        run.metrics(0)
+    run.pointer(run.iteration(0)).write_text("outs: []\n")
+    with pytest.raises(ResumeError, match=r"dvc checkout .*iter_00000\.dvc"):
+        run.metrics(0)

@@ -67,10 +67,19 @@ def ensure_model(base: str) -> str:
         if not (Path(path) / "config.json").is_file():
             raise FileNotFoundError(f"model.base {base!r} is a local path without config.json; point it at a "
                                     f"directory written by save_pretrained (or a checkpoint of this project)")
+        if not has_weights(Path(path)):
+            raise FileNotFoundError(f"model.base {base!r} has config.json but no weights (*.safetensors or "
+                                    f"pytorch_model*.bin); restore the model directory (e.g. `dvc pull`) or "
+                                    f"point model.base at a complete one")
     elif path.startswith((".", "/", "~")) or os.environ.get("HF_HUB_OFFLINE") == "1":
         raise FileNotFoundError(f"model.base {base!r} is neither an existing directory nor a reachable hub id; "
                                 f"use {DEFAULT_CPU_MODEL!r} (built by `ragen models prepare`) or a local path")
     return path
+
+
+def has_weights(path: Path) -> bool:
+    """Whether a model directory holds weight files transformers and vLLM load (single or sharded)."""
+    return any(path.glob("*.safetensors")) or any(path.glob("pytorch_model*.bin"))
 
 
 def load_tokenizer(base: str, tokenizer: str | None = None, trust_remote_code: bool = False) -> Any:
@@ -85,6 +94,8 @@ def load_tokenizer(base: str, tokenizer: str | None = None, trust_remote_code: b
         from ragen.models.smollm2 import prepare_tokenizer
 
         prepare_tokenizer(Path(path))
-    elif not Path(path).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise FileNotFoundError(f"model.tokenizer/model.base {name!r} is not a local path and HF_HUB_OFFLINE=1")
+    elif not Path(path).exists() and (path.startswith((".", "/", "~")) or os.environ.get("HF_HUB_OFFLINE") == "1"):
+        raise FileNotFoundError(f"model.tokenizer/model.base {name!r} is neither an existing directory nor a "
+                                f"reachable hub id; use {DEFAULT_CPU_MODEL!r} (built by `ragen models prepare`) or "
+                                f"a local path")
     return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

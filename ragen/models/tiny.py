@@ -16,7 +16,7 @@ def tiny_model_path() -> Path:
 def build_tiny_model(target: Path | None = None, *, seed: int = 0, tokenizer: str = "smollm2-135m-instruct") -> Path:
     """2 layers, hidden 128, head dim 64 (a size every vLLM attention backend supports), tied embeddings."""
     target = Path(target) if target is not None else tiny_model_path()
-    if (target / MARKER).is_file():
+    if (target / MARKER).is_file() and any(target.glob("*.safetensors")):  # else rebuilt
         return target
     import json
 

@@ -38,6 +38,8 @@ def open_run(cfg: Config, name: str) -> tuple[RunDir, Runtime, int]:
     run = RunDir.at(cfg.trainer.run_dir, name)
     run.bind_config(cfg)
     start = run.next_iteration()
+    for j in range(start):  # a damaged metrics.json (the guard and the diagnostics read them) fails before loading
+        run.metrics(j)
     eff = guard.effective_config(cfg, guard.GuardState.read(run)) if cfg.guard.enabled else cfg
     return run, Runtime(eff, resume=run.resume_state(), run=run), start
 
@@ -74,7 +76,15 @@ def train_loop(cfg: Config, name: str, *, ops: ModuleType | Any = plain_ops,
                on_rollback: Callable[[guard.Rollback], None] | None = None) -> LoopResult:
     """Run (or continue) the run ``name`` up to ``trainer.total_training_steps`` iterations; ``iteration``
     replaces ``run_iteration`` (e.g. by a subflow around it). With ``guard.enabled``, a collapse rolls the run
-    back to a healthy checkpoint and it trains on from there with the remedy (``on_rollback`` hears of it)."""
+    back to a healthy checkpoint and it trains on from there with the remedy (``on_rollback`` hears of it).
+    The run directory is locked for the call: a second process on the same run gets ``RunBusyError``."""
+    with RunDir.at(cfg.trainer.run_dir, name).locked():
+        return _train_loop(cfg, name, ops, iteration, on_iteration, on_rollback)
+
+
+def _train_loop(cfg: Config, name: str, ops: ModuleType | Any, iteration: Callable[..., dict[str, float]] | None,
+                on_iteration: Callable[[int, dict[str, float]], None] | None,
+                on_rollback: Callable[[guard.Rollback], None] | None) -> LoopResult:
     run, rt, start = open_run(cfg, name)
     res = LoopResult(run, resumed_at=start)
     last = cfg.trainer.total_training_steps - 1

@@ -15,9 +15,12 @@ checkpoint_every-th, the final one and each new best)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,14 @@ RESUME_FREE = ("trainer.total_training_steps", "rollout.progress", "tracking.", 
 
 class ResumeError(RuntimeError):
     pass
+
+
+class RunBusyError(ResumeError):
+    """Another process is training this run directory right now."""
+
+
+LOCK = ".lock"
+_HELD: dict[Path, tuple[Any, int]] = {}  # run directories this process holds: (open lock file, depth)
 
 
 @dataclass(frozen=True)
@@ -79,9 +90,54 @@ class RunDir:
         return sorted(out)
 
     def metrics(self, k: int) -> dict[str, float]:
-        """Iteration k's metrics.json ({} when it has none)."""
+        """Iteration k's metrics.json ({} when it has none); a damaged one is named with how to restore it."""
         p = self.iteration(k) / "metrics.json"
-        return json.loads(p.read_text()) if p.is_file() else {}
+        if not p.is_file():
+            return {}
+        try:
+            return json.loads(p.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            restore = (f"restore it with `dvc checkout {self.pointer(self.iteration(k))}`"
+                       if self.is_versioned(self.iteration(k)) else "it was not DVC-versioned: start a new run")
+            raise ResumeError(f"run {self.root}: {p} is damaged ({type(e).__name__}: {e}); {restore}") from None
+
+    @contextmanager
+    def locked(self) -> Iterator[RunDir]:
+        """Hold the run directory for this process (an exclusive lock on ``<run>/.lock``, reentrant within the
+        process, released by the OS if the process dies): a second process starting the same run is refused
+        instead of both writing the same iterations."""
+        import fcntl
+        import os
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        key = self.root.resolve()
+        if key in _HELD:
+            f, depth = _HELD[key]
+            _HELD[key] = (f, depth + 1)
+        else:
+            f = (self.root / LOCK).open("a+")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                f.close()
+                raise RunBusyError(f"run {self.root} is being trained by {holder}; wait for it to finish, or "
+                                   f"give this one another --run name") from None
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()}\n")
+            f.flush()
+            _HELD[key] = (f, 1)
+        try:
+            yield self
+        finally:
+            f, depth = _HELD[key]
+            if depth > 1:
+                _HELD[key] = (f, depth - 1)
+            else:
+                del _HELD[key]
+                f.close()  # closing the descriptor releases the lock
 
     def next_iteration(self) -> int:
         """Where a (re)started run begins: 0, or after the last completed iteration. Completed iterations must be
@@ -160,6 +216,23 @@ def identity(flat: dict[str, Any]) -> dict[str, Any]:
     if not flat.get("guard.enabled", False):  # an idle collapse guard changes nothing a run makes
         flat = {k: v for k, v in flat.items() if not k.startswith("guard.")}
     return {k: v for k, v in flat.items() if not (k in LATER_KEYS and v == LATER_KEYS[k])}
+
+
+# errors of a run directory's storage rather than of the program: the run stops with what to fix
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
+
+
+def storage_failure(run: RunDir, e: BaseException) -> str | None:
+    """The message for a training run stopped by its storage (disk full, quota, read-only, I/O error), or None
+    for any other error: what failed, and that the completed iterations are intact and a rerun resumes."""
+    if not isinstance(e, OSError) or e.errno not in STORAGE_ERRNOS:
+        return None
+    done = run.completed()
+    kept = (f"iterations 0..{done[-1]} are complete and intact" if done else "no iteration had completed")
+    where = f" ({e.filename})" if e.filename else ""
+    return (f"run {run.root}: a write failed{where}: {e.strerror or e}; {kept}. Free space or fix the "
+            f"permissions of {run.root}, then run the same command again: it resumes at iteration "
+            f"{len(done)}")
 
 
 def config_name(cfg: Config) -> str:

@@ -1,0 +1,86 @@
+"""Faults around DVC versioning on the Prefect flow (tiny model, temporary git + DVC repo and local remote):
+SIGKILL while iteration 0 is being pushed, then damaged files of completed iterations. The rerun versions and
+pushes what the kill left behind (no lock left stuck), and a damaged table or metrics file is named with the
+`dvc checkout` that restores it, byte for byte."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_loop import TINY
+
+from ragen.rollout.table import read_rollouts
+from ragen.run.rundir import ResumeError, RunDir
+from tasks.versioning import pointers, status
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+ROOT = Path(__file__).resolve().parents[2]
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
+DVC = str(Path(sys.executable).with_name("dvc"))
+
+
+def train_cmd(repo, tmp_path, iterations):
+    over = [*TINY, f"trainer.run_dir={repo / 'runs'}", "trainer.val_before_train=false", "tracking.dvc=true",
+            f"tracking.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+            f"tracking.mlflow_artifact_location={tmp_path / 'mlartifacts'}"]
+    return [str(Path(sys.executable).with_name("ragen")), "train", "--run", "pushed", "--preset", "cpu-small",
+            "--iterations", str(iterations), *[a for o in over for a in ("--set", o)]]
+
+
+def replace_with(path, data):
+    """Damage a file as a tool that rewrites it would (a new inode: DVC's hardlinked cache copy stays good)."""
+    path.unlink()
+    path.write_bytes(data)
+
+
+def test_sigkill_during_dvc_push_then_damaged_files_are_restored(dvc_repo, tmp_path, fault):
+    killed, parquet, metrics = (fault("SIGKILL during DVC push"), fault("corrupted parquet (versioned)"),
+                                fault("corrupted metrics.json (versioned)"))
+    remote = tmp_path / "remote"
+    run = RunDir(dvc_repo / "runs" / "pushed")
+    p = subprocess.Popen(train_cmd(dvc_repo, tmp_path, 2), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    while not (remote.is_dir() and any(f.is_file() for f in remote.rglob("*"))):  # the first object arrives
+        assert p.poll() is None, "the run ended before pushing anything"
+        assert time.monotonic() - t0 < 900
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    assert p.wait() == -signal.SIGKILL
+    assert run.completed() == [0]
+    killed.guard(run.root)
+
+    again = subprocess.run(train_cmd(dvc_repo, tmp_path, 2), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                           timeout=900)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert "completed iterations 1..1" in again.stdout
+    assert killed.lost_now() == []
+    assert status(run) == {}  # every pointer matches the workspace
+    from dvc.repo import Repo
+
+    with Repo(str(dvc_repo)) as repo:  # and the remote has every object (iteration 0's too)
+        assert repo.status(targets=[str(t) for t in pointers(run)], cloud=True) == {}
+    assert {q.name for q in pointers(run)} >= {"iter_00000.dvc", "iter_00001.dvc", "config.yaml.dvc"}
+
+    table = run.iteration(0) / "rollouts.parquet"
+    parquet.guard(table)
+    replace_with(table, table.read_bytes()[:200])
+    with pytest.raises(ValueError, match=r"dvc checkout .*iter_00000\.dvc"):
+        read_rollouts(table)
+    m = run.iteration(0) / "metrics.json"
+    metrics.guard(m)
+    replace_with(m, b'{"actor/pg_loss": 0.1, "val/sc')
+    with pytest.raises(ResumeError, match=r"metrics\.json is damaged.*dvc checkout .*iter_00000\.dvc"):
+        run.metrics(0)
+    r = subprocess.run(train_cmd(dvc_repo, tmp_path, 3), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                       timeout=600)  # a continuation refuses to build on a damaged history, before loading models
+    assert r.returncode == 2 and "metrics.json is damaged" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    out = subprocess.run([DVC, "checkout", "--force", str(run.pointer(run.iteration(0)))], cwd=dvc_repo,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert parquet.lost_now() == [] and metrics.lost_now() == []
+    assert len(read_rollouts(table)) == 8

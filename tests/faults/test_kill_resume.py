@@ -1,0 +1,71 @@
+"""SIGKILL in the middle of a rollout and in the middle of an update (tiny model, HF engine, plain calls): each
+rerun of the same command continues after the last completed iteration, the completed iterations are untouched,
+and the run ends with exactly the metrics and weights of an uninterrupted run with the same seed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+from test_loop import TINY
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 2
+ENV = dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+def train_cmd(run_dir, name):
+    sets = [a for o in [*TINY, f"trainer.run_dir={run_dir}", "trainer.val_before_train=false"] for a in ("--set", o)]
+    return [str(Path(sys.executable).with_name("ragen")), "train", "--no-prefect", "--run", name, "--preset",
+            "cpu-small", "--iterations", str(STEPS), *sets]
+
+
+def final(run_dir, name):
+    d = Path(run_dir) / name
+    m = json.loads((d / f"iter_{STEPS - 1:05d}" / "metrics.json").read_text())
+    same = {k: v for k, v in m.items() if not k.startswith("timing_s/") and "per_s" not in k}
+    w = load_file(str(d / "checkpoints" / f"iter_{STEPS - 1:05d}" / "actor" / "model.safetensors"))
+    return same, w
+
+
+def kill_when(cmd, ready, what):
+    """Start ``cmd``, SIGKILL it as soon as the file ``ready`` exists (polled every 10 ms)."""
+    p = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    while not ready.is_file():
+        assert p.poll() is None, f"the run ended before {what}"
+        assert time.monotonic() - t0 < 900, f"no {ready} after 900 s"
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    assert p.wait() == -signal.SIGKILL
+
+
+def test_sigkill_during_rollout_and_update_then_rerun_equals_uninterrupted(tmp_path, fault):
+    during_rollout, during_update = fault("SIGKILL during rollout"), fault("SIGKILL during update")
+    ref = subprocess.run(train_cmd(tmp_path, "ref"), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    run = tmp_path / "killed"
+    # instances.parquet is written just before the rollout of iteration 1 starts
+    kill_when(train_cmd(tmp_path, "killed"), run / "iter_00001" / "instances.parquet", "iteration 1's rollout")
+    assert (run / "iter_00000" / "COMPLETE").is_file() and not (run / "iter_00001" / "rollouts.parquet").exists()
+    assert during_rollout.guard(run) >= 5  # iteration 0's files
+    # the rerun recomputes iteration 1; this time it dies in the update (filter.json comes right before it)
+    kill_when(train_cmd(tmp_path, "killed"), run / "iter_00001" / "filter.json", "iteration 1's update")
+    assert not (run / "iter_00001" / "COMPLETE").is_file()
+    during_update.guard(run)
+
+    again = subprocess.run(train_cmd(tmp_path, "killed"), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                           timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "completed iterations 1..1" in again.stdout
+    assert during_rollout.lost_now() == [] and during_update.lost_now() == []
+    (m_ref, w_ref), (m_run, w_run) = final(tmp_path, "ref"), final(tmp_path, "killed")
+    assert m_run == m_ref
+    assert w_run.keys() == w_ref.keys() and all((w_run[k] == w_ref[k]).all() for k in w_ref)

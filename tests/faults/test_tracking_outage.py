@@ -1,0 +1,61 @@
+"""The MLflow server goes away for part of a run (tiny model, the Prefect flow in-process, a real `mlflow server`
+on sqlite): training carries on, the failures are reported in the run directory, and once the server is back
+the iterations it missed are logged from their metrics.json."""
+
+import json
+import time
+
+import pytest
+from test_loop import TINY
+
+from ragen.run.rundir import RunDir
+from ragen.services import LocalMLflowServer, free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def test_mlflow_down_for_an_iteration_is_caught_up_later(harness, tmp_path, fault):
+    import mlflow
+
+    from flows.train_loop import train_loop
+
+    outage = fault("MLflow server unreachable for part of a run")
+    port = free_port()
+    server = LocalMLflowServer(backend=f"sqlite:///{tmp_path / 'mlflow.db'}", artifacts=tmp_path / "artifacts",
+                               port=port)
+    over = [*TINY, f"trainer.run_dir={tmp_path / 'runs'}", "trainer.val_before_train=false", "tracking.dvc=false",
+            f"tracking.mlflow_tracking_uri={server.url}", "tracking.experiment=outage"]
+    run = RunDir(tmp_path / "runs" / "outage")
+
+    def train(n):
+        return train_loop(run_name="outage", params=None, preset=["cpu-small"], overrides=over, iterations=n)
+
+    with server:
+        first = train(1)
+    assert first["mlflow_run_id"] and first["iterations"] == [0]
+    outage.guard(run.root)
+    t0 = time.monotonic()
+    down = train(2)  # the server is down for this whole start
+    slowed = time.monotonic() - t0
+    assert down["iterations"] == [1] and down["mlflow_run_id"] is None
+    failures = [json.loads(line)["what"] for line in (run.root / "tracking-failures.jsonl").read_text().splitlines()]
+    assert "MLflow start" in failures
+    with server:  # back, on the same port
+        back = train(3)
+        client = mlflow.MlflowClient(server.url)
+        steps = sorted(m.step for m in client.get_metric_history(first["mlflow_run_id"], "actor/pg_loss"))
+        run_info = client.get_run(first["mlflow_run_id"]).info
+    assert back["mlflow_run_id"] == first["mlflow_run_id"] and back["iterations"] == [2]
+    assert steps == [0, 1, 2]  # iteration 1, trained while the server was down, was logged once it was back
+    assert run_info.status == "FINISHED"
+    assert json.loads((run.root / "mlflow-logged.json").read_text()) == [0, 1, 2]
+    assert outage.lost_now() == []
+    print(f"start with the server down took {slowed:.0f} s for one iteration")
