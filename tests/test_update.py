@@ -199,6 +199,16 @@ def test_trainer_checkpoint_resume_equals_uninterrupted(batch, tokenizer, render
     resumed.step(df, 1)
     assert torch.allclose(flat(straight.actor), flat(resumed.actor), atol=1e-6)
     assert torch.allclose(flat(straight.critic), flat(resumed.critic), atol=1e-6)
+    # a resume under lower learning rates (a collapse-guard rollback's remedy) trains with them, not with the
+    # rates saved in the optimizer state
+    from ragen.config import apply_overrides
+    from ragen.train.ds import lrs
+
+    lower = apply_overrides(cfg, [f"actor.lr={cfg.actor.lr / 10}", f"critic.lr={cfg.critic.lr / 100}"])
+    remedied = Trainer(lower, resume=ckpt, renderer=renderer)
+    assert lrs(remedied.actor) == [pytest.approx(cfg.actor.lr / 10)]
+    assert lrs(remedied.critic) == [pytest.approx(cfg.critic.lr / 100)]
+    assert lrs(resumed.actor) == [pytest.approx(cfg.actor.lr)]
     (ckpt / "checkpoint-complete").unlink()
     with pytest.raises(FileNotFoundError, match="incomplete"):
         Trainer(cfg, resume=ckpt)

@@ -96,9 +96,11 @@ def effective_config(cfg: Config, state: GuardState) -> Config:
 
 
 def healthy_iteration(run: RunDir, first_bad: int, floor: int) -> int:
-    """The newest iteration before ``first_bad`` (and after the last rollback point ``floor``) with a complete
-    checkpoint, or ``floor`` itself (-1: the start of the run, the base model)."""
-    j = run.last_good_state(first_bad)
+    """The newest complete checkpoint from before the policy went bad, or ``floor`` itself (-1: the start of the
+    run, the base model). Iteration k's signals describe the policy of checkpoint k-1 (its rollouts were sampled
+    from it, its entropy and gradients measured on it), so when they first came on at ``first_bad`` the bad
+    policy is checkpoint first_bad-1 and the healthy one is older."""
+    j = run.last_good_state(first_bad - 1)
     return j if j is not None and j > floor else floor
 
 

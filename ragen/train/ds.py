@@ -99,6 +99,20 @@ def make_engine(model: nn.Module, *, lr: float, betas: tuple[float, float], weig
     return engine
 
 
+def set_lr(engine: Any, lr: float) -> None:
+    """Set the learning rate of every parameter group, in DeepSpeed's optimizer wrapper and the AdamW inside."""
+    opt = engine.optimizer
+    for o in (opt, getattr(opt, "optimizer", None)):
+        for group in getattr(o, "param_groups", None) or []:
+            group["lr"] = lr
+
+
+def lrs(engine: Any) -> list[float]:
+    """The learning rates in effect (one per parameter group of the inner optimizer)."""
+    opt = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    return [g["lr"] for g in opt.param_groups]
+
+
 def zero_stage(engine: Any) -> int:
     return int(engine.zero_optimization_stage())
 

@@ -16,7 +16,7 @@ from ragen.rollout.engine import Engine
 from ragen.rollout.sync import DEFAULT_PROBE, GateReport, probe_batch, sync_weights
 from ragen.train.batch import sequences_from_rollouts
 from ragen.train.checkpoint import COMPLETE, write_checkpoint
-from ragen.train.ds import ensure_distributed, gathered_state, make_engine
+from ragen.train.ds import ensure_distributed, gathered_state, make_engine, set_lr
 from ragen.train.models import load_actor, load_critic, load_reference
 from ragen.train.update import UpdateResult, update
 
@@ -118,7 +118,7 @@ class Trainer:
                                 engines={"actor": self.actor, "critic": self.critic})
 
     def _load_optimizer_state(self, src: Path) -> None:
-        for name, engine in (("actor", self.actor), ("critic", self.critic)):
+        for name, engine, lr in (("actor", self.actor, self.cfg.actor.lr), ("critic", self.critic, self.cfg.critic.lr)):
             if engine is None:
                 continue
             d = src / "deepspeed" / name
@@ -128,3 +128,6 @@ class Trainer:
                                                load_optimizer_states=True, load_lr_scheduler_states=False)
             if loaded is None:
                 raise RuntimeError(f"DeepSpeed could not load {d}; the checkpoint may be damaged")
+            # the optimizer state carries the learning rate it was saved with; the config's is the one in effect
+            # (the same on a plain resume; lower after a collapse-guard rollback, whose remedy it is)
+            set_lr(engine, lr)
