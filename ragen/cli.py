@@ -192,7 +192,7 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
     except errors as e:
         typer.secho(str(e), err=True, fg="red")
         raise typer.Exit(2) from None
-    except OSError as e:  # a full disk, a quota, a read-only run directory: say so, the completed data is intact
+    except Exception as e:  # a full disk, a quota, a read-only run directory: say so, the completed data is intact
         from ragen.run.rundir import storage_failure
 
         msg = storage_failure(RunDir.at(cfg.trainer.run_dir, run), e)

@@ -155,6 +155,11 @@ def test_storage_failures_say_what_is_intact_and_how_to_resume(tmp_path):
     assert "No space left on device" in msg and "iterations 0..1 are complete and intact" in msg
     assert "it resumes at iteration 2" in msg and str(run.iteration(2) / "x") in msg
     assert storage_failure(run, OSError(errno.ECONNREFUSED, "refused")) is None
+    from safetensors import SafetensorError  # its writer reports a full disk in words, not as an OSError
+
+    msg = storage_failure(run, SafetensorError("Error while serializing: I/O error: No space left on device (os "
+                                               "error 28)"))
+    assert msg is not None and "SafetensorError" in msg and "it resumes at iteration 2" in msg
     assert storage_failure(run, ValueError("not storage")) is None
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -222,11 +223,20 @@ def identity(flat: dict[str, Any]) -> dict[str, Any]:
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
 
 
+# how libraries that do their own I/O (safetensors' Rust writer, pyarrow) word the same errors
+STORAGE_WORDS = tuple(os.strerror(n) for n in sorted(STORAGE_ERRNOS - {errno.EACCES, errno.EPERM}))
+
+
 def storage_failure(run: RunDir, e: BaseException) -> str | None:
     """The message for a training run stopped by its storage (disk full, quota, read-only, I/O error), or None
     for any other error: what failed, and that the completed iterations are intact and a rerun resumes."""
-    if not isinstance(e, OSError) or e.errno not in STORAGE_ERRNOS:
+    if isinstance(e, OSError):
+        if e.errno not in STORAGE_ERRNOS:
+            return None
+    elif not any(w in str(e) for w in STORAGE_WORDS):  # e.g. SafetensorError "... No space left on device"
         return None
+    else:
+        e = OSError(next(n for n in STORAGE_ERRNOS if os.strerror(n) in str(e)), f"{type(e).__name__}: {e}")
     done = run.completed()
     kept = (f"iterations 0..{done[-1]} are complete and intact" if done else "no iteration had completed")
     where = f" ({e.filename})" if e.filename else ""
