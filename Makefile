@@ -49,15 +49,16 @@ grid: setup
 plots: setup
 	$(BIN)/ragen grid plots
 
-## guard-demo: the collapse guard saving a run: cpu-small Bandit at 25x the learning rate, without and with the
-## guard, side by side in reports/guard/ (compare.md, compare.png, summary.json); ~30 min here
+## guard-demo: the collapse guard saving a run: cpu-small Bandit at 25x the preset's learning rate, without and with
+## the guard (a rollback brings the rate back to the preset's: x0.04), side by side in reports/guard/ (compare.md,
+## compare.png, summary.json); ~30 min and up to 40 GB of checkpoints here
 GUARD_DEMO := --preset cpu-small --iterations 8 --set actor.lr=5e-4 --set 'envs.train.n_groups=[4]' \
 	--set algorithm.filter_ratio=0.5 --set 'envs.val.n_groups=[32]' --set trainer.test_freq=2 \
 	--set diagnostics.window=1 --set trainer.checkpoint_every=2 --set rollout.sync_mean_tol=0.6 \
 	--set rollout.sync_max_tol=6
 guard-demo: setup
 	$(BIN)/ragen train --no-prefect --run guard-off $(GUARD_DEMO) --set guard.enabled=false
-	$(BIN)/ragen train --no-prefect --run guard-on $(GUARD_DEMO) --set guard.enabled=true --set guard.lr_scale=0.1
+	$(BIN)/ragen train --no-prefect --run guard-on $(GUARD_DEMO) --set guard.enabled=true --set guard.lr_scale=0.04
 	$(BIN)/ragen runs compare runs/guard-off runs/guard-on --out reports/guard
 
 ## faults: the fault-injection suite with its counts (faults tried, survived, data lost)
