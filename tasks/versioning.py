@@ -134,7 +134,8 @@ def version(cfg: Config, run: RunDir, k: int, last: int) -> dict[str, float]:
     root = dvc_root(run)
 
     def add_and_push() -> tuple[int, int]:
-        targets = pending(run, k, last, cfg.trainer.checkpoint_every)  # again after a wait: another call may have
+        # computed inside the retry: after a wait for the lock, what is pending may have changed
+        targets = pending(run, k, last, cfg.trainer.checkpoint_every)
         with Repo(str(root)) as repo:
             if targets:
                 repo.add([str(p.resolve()) for p in targets])

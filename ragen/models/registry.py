@@ -71,10 +71,19 @@ def ensure_model(base: str) -> str:
             raise FileNotFoundError(f"model.base {base!r} has config.json but no weights (*.safetensors or "
                                     f"pytorch_model*.bin); restore the model directory (e.g. `dvc pull`) or "
                                     f"point model.base at a complete one")
-    elif path.startswith((".", "/", "~")) or os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise FileNotFoundError(f"model.base {base!r} is neither an existing directory nor a reachable hub id; "
-                                f"use {DEFAULT_CPU_MODEL!r} (built by `ragen models prepare`) or a local path")
+    elif not reachable(path):
+        raise unreachable("model.base", base)
     return path
+
+
+def reachable(path: str) -> bool:
+    """Whether a name that is not an existing directory could still be a hub id to download."""
+    return not path.startswith((".", "/", "~")) and os.environ.get("HF_HUB_OFFLINE") != "1"
+
+
+def unreachable(setting: str, name: str) -> FileNotFoundError:
+    return FileNotFoundError(f"{setting} {name!r} is neither an existing directory nor a reachable hub id; use "
+                             f"{DEFAULT_CPU_MODEL!r} (built by `ragen models prepare`) or a local path")
 
 
 def has_weights(path: Path) -> bool:
@@ -94,8 +103,6 @@ def load_tokenizer(base: str, tokenizer: str | None = None, trust_remote_code: b
         from ragen.models.smollm2 import prepare_tokenizer
 
         prepare_tokenizer(Path(path))
-    elif not Path(path).exists() and (path.startswith((".", "/", "~")) or os.environ.get("HF_HUB_OFFLINE") == "1"):
-        raise FileNotFoundError(f"model.tokenizer/model.base {name!r} is neither an existing directory nor a "
-                                f"reachable hub id; use {DEFAULT_CPU_MODEL!r} (built by `ragen models prepare`) or "
-                                f"a local path")
+    elif not Path(path).exists() and not reachable(path):
+        raise unreachable("model.tokenizer/model.base", name)
     return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

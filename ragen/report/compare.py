@@ -68,17 +68,18 @@ def plot_compare(roots: Sequence[Path], out: Path, keys: Sequence[str] = KEYS, l
     fig = Figure(figsize=(5 * min(len(keys), 2), 3.4 * math.ceil(len(keys) / 2)), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(math.ceil(len(keys) / 2), min(len(keys), 2), squeeze=False).ravel()
+    # each run's files are read once, not once per panel
+    runs = [(kept_history(r), rolled_back_history(r), GuardState.read(RunDir(Path(r))).rollbacks) for r in roots]
     for ax, key in zip(axes, keys, strict=False):
-        for i, (root, label) in enumerate(zip(roots, labels, strict=True)):
+        for i, ((hist, segments, rollbacks), label) in enumerate(zip(runs, labels, strict=True)):
             color = f"C{i}"
-            hist = kept_history(root)
             pts = [(k, v) for k in sorted(hist) if (v := hist[k].get(key)) is not None and math.isfinite(v)]
             ax.plot([k for k, _ in pts], [v for _, v in pts], marker="o", markersize=3, color=color, label=label)
-            for seg in rolled_back_history(root):
+            for seg in segments:
                 pts = [(k, v) for k in sorted(seg) if (v := seg[k].get(key)) is not None and math.isfinite(v)]
                 ax.plot([k for k, _ in pts], [v for _, v in pts], ls="--", marker="x", markersize=3, color=color,
                         alpha=0.5)
-            for r in GuardState.read(RunDir(Path(root))).rollbacks:
+            for r in rollbacks:
                 ax.axvline(r.at + 0.5, color=color, ls=":", alpha=0.7)
         ax.set(xlabel="iteration", title=key)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
