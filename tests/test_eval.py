@@ -15,7 +15,7 @@ from ragen.eval.metrics import panel_metrics
 from ragen.eval.panels import make_panel, read_panel, write_panel
 from ragen.eval.stats import mean_interval, pass_at_k, two_proportion_z, wilson
 from ragen.experiments import EXPERIMENTS, Grid, grid_yaml, read_grid, resolve
-from ragen.report.ablations import GridResult, claim_verdict, finding_verdict, pooled, write_report
+from ragen.report.ablations import GridResult, claim_verdict, finding_verdict, pooled, training_change, write_report
 
 
 def test_wilson_matches_hand_values():
@@ -123,6 +123,22 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     assert "| starpo-s-bandit > starpo-ppo-bandit | Bandit | 50.0 |" in md and "reproduced" in md
     assert (tmp_path / "ablations" / "fig9.png").stat().st_size > 1000
     assert "## Echo Trap diagnostics" in md and "| starpo-s-bandit-s0 | 3 |" in md
+
+
+def test_training_change_against_the_runs_own_start(tmp_path):
+    # 24/32 after vs 2/32 before: d = 0.6875, se = sqrt(.75*.25/32 + .0625*.9375/32) = 0.0877, z = 7.84
+    up = GridResult("starpo-s-bandit", 0, {"Bandit/success": 0.75, "Bandit/episodes": 32.0}, [],
+                    {"val/Bandit/success": 0.0625, "val/Bandit/episodes": 32.0})
+    verdict, d, z = training_change(up, "Bandit")
+    assert verdict == "up" and d == pytest.approx(0.6875) and z == pytest.approx(7.84, abs=0.01)
+    # 1/32 after vs 3/32 before: d = -0.0625, z = -1.04: not significant at 95%
+    flat = GridResult("granularity-1", 0, {"SimpleSokoban/success": 1 / 32, "SimpleSokoban/episodes": 32.0}, [],
+                      {"val/SimpleSokoban/success": 3 / 32, "val/SimpleSokoban/episodes": 32.0})
+    assert training_change(flat, "SimpleSokoban")[0] == "no change"
+    assert training_change(GridResult("x", 0, {"Bandit/success": 0.5, "Bandit/episodes": 8.0}), "Bandit") is None
+    md = write_report([up, flat], "cpu-small", tmp_path / "a.md").read_text()
+    assert "Of 2 run x tag pairs: 1 up, 0 down, 1 without a significant change." in md
+    assert "| starpo-s-bandit-s0 | Bandit | 6.2 | 75.0 | 68.8 | 7.84 | up |" in md
 
 
 @pytest.mark.parametrize("name", sorted(n for n, e in EXPERIMENTS.items() if e.kind == "train"))

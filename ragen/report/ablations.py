@@ -134,6 +134,7 @@ def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, 
         lines += [f"![{f.key}]({fig_dir.name}/{png.name})", ""]
         if curves is not None:
             lines += [f"![{f.key} curves]({fig_dir.name}/{curves.name})", ""]
+    lines += training_effect(results)
     lines += ["## Echo Trap diagnostics", "",
               "Per run: the first iteration with an early warning (in-group reward std collapse, entropy shift or "
               "grad-norm spike, thresholds in `diagnostics.*`), and the final std ratio and grad-norm ratio.", "",
@@ -148,6 +149,40 @@ def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, 
     head = ["## Summary", "", "| finding | verdict |", "|---|---|", *[f"| {f.title} | {v} |" for f, v in summary], ""]
     out.write_text("\n".join(intro + head + lines) + "\n")
     return out
+
+
+def training_change(r: GridResult, tag: str) -> tuple[str, float, float] | None:
+    """``up`` / ``down`` when the run's final success on ``tag`` differs from its own before-training score on
+    the same panel at 95% (two-proportion z; it ignores that the seeds are paired, which makes it conservative
+    when outcomes correlate), else ``no change``; plus the difference and z. None without both evaluations."""
+    k_after, k_before = r.eval.get(f"{tag}/episodes"), r.init.get(f"val/{tag}/episodes")
+    if not k_after or not k_before or f"{tag}/success" not in r.eval or f"val/{tag}/success" not in r.init:
+        return None
+    d, z = two_proportion_z(round(r.eval[f"{tag}/success"] * k_after), int(k_after),
+                            round(r.init[f"val/{tag}/success"] * k_before), int(k_before))
+    return ("up" if z > Z95 else "down" if z < -Z95 else "no change"), d, z
+
+
+def training_effect(results: Sequence[GridResult]) -> list[str]:
+    """The report section on what training did to each run: its panel success before vs after."""
+    rows, counts = [], {"up": 0, "down": 0, "no change": 0}
+    for r in results:
+        for tag in sorted({k.split("/")[0] for k in r.eval if k.endswith("/success")}):
+            c = training_change(r, tag)
+            if c is None:
+                continue
+            counts[c[0]] += 1
+            rows.append(f"| {r.experiment}-s{r.seed} | {tag} | {_pct(r.init[f'val/{tag}/success'])} | "
+                        f"{_pct(r.eval[f'{tag}/success'])} | {_pct(c[1])} | {c[2]:.2f} | {c[0]} |")
+    if not rows:
+        return []
+    return ["## What training changed", "",
+            "Each run's final panel success against its own score on the same panel before training "
+            "(two-proportion z at 95%). "
+            f"Of {len(rows)} run x tag pairs: {counts['up']} up, {counts['down']} down, {counts['no change']} "
+            "without a significant change.", "",
+            "| run | tag | before | after | difference (pp) | z | change |", "|---|---|---|---|---|---|---|",
+            *rows, ""]
 
 
 def _num(x: float | None) -> str:
@@ -178,6 +213,10 @@ def _bar_chart(f: Finding, names: list[str], results: Sequence[GridResult], path
             err_lo.append(rate - lo)
             err_hi.append(hi - rate)
         ax.bar(xs, ours, yerr=[err_lo, err_hi], capsize=3, color="#4c72b0", label="ours (95% CI)")
+        # the same panel before training: at small scale a run can end below where it started
+        start = [math.nan if (b := before(results, n, tag)) is None else b for n in names]
+        if any(math.isfinite(b) for b in start):
+            ax.scatter(xs, start, marker="_", s=420, linewidths=2.5, color="#c44e52", zorder=4, label="before training")
         paper = [f.values.get((n, tag), math.nan) for n in names]
         ax.scatter(xs, paper, marker="D", color="#dd8452", zorder=3, label="paper")
         ax.set_xticks(list(xs), names, rotation=40, ha="right", fontsize=7)
