@@ -13,7 +13,7 @@ from ragen.algos.echo_trap import echo_trap, first_warning
 from ragen.config import load_config
 from ragen.eval.metrics import panel_metrics
 from ragen.eval.panels import make_panel, read_panel, write_panel
-from ragen.eval.stats import mean_interval, pass_at_k, two_proportion_z, wilson
+from ragen.eval.stats import mean_interval, pass_at_k, rate_difference, wilson
 from ragen.experiments import EXPERIMENTS, Grid, grid_yaml, read_grid, resolve
 from ragen.report.ablations import GridResult, claim_verdict, finding_verdict, pooled, training_change, write_report
 
@@ -42,9 +42,19 @@ def test_mean_interval_and_pass_at_k():
     assert mean_interval([5.0]) == (5.0, 5.0, 5.0)
     assert pass_at_k(4, 1, 1) == pytest.approx(0.25) and pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2)
     assert pass_at_k(4, 3, 2) == 1.0 and pass_at_k(4, 0, 4) == 0.0
-    d, z = two_proportion_z(30, 100, 10, 100)  # se = sqrt(.21/100 + .09/100)
-    assert d == pytest.approx(0.2) and z == pytest.approx(0.2 / math.sqrt(0.003))
-    assert two_proportion_z(0, 10, 0, 10) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(("a", "n", "b", "m", "lo", "hi"), [  # Newcombe (1998), Table II, method 10
+    (56, 70, 48, 80, 0.0524, 0.3339), (9, 10, 3, 10, 0.1705, 0.8090), (6, 7, 2, 7, 0.0582, 0.8062),
+    (5, 56, 0, 29, -0.0381, 0.1926), (0, 10, 0, 20, -0.1611, 0.2775), (0, 10, 0, 10, -0.2775, 0.2775)])
+def test_rate_difference_matches_newcombes_table(a, n, b, m, lo, hi):
+    d, low, high = rate_difference(a, n, b, m)
+    assert d == pytest.approx(a / n - b / m) and (low, high) == pytest.approx((lo, hi), abs=1e-4)
+
+
+def test_rate_difference_is_not_fooled_by_small_counts():
+    assert rate_difference(4, 32, 0, 32)[1] < 0 < rate_difference(6, 32, 0, 32)[1]  # Fisher: p = 0.11 vs 0.024
+    assert all(math.isnan(x) for x in rate_difference(1, 0, 1, 4))
 
 
 def _rollouts(rows):
@@ -120,25 +130,26 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     md = write_report(res, "cpu-small", tmp_path / "ablations.md").read_text()
     assert "| starpo-s-bandit | 75.0 [" in md and "| 100.0 |" in md  # ours, then the paper's 1.0
     assert "(n=32); 6.2 before |" in md  # and where it started
-    assert "| starpo-s-bandit > starpo-ppo-bandit | Bandit | 50.0 |" in md and "reproduced" in md
+    assert "| starpo-s-bandit > starpo-ppo-bandit | Bandit | 50.0 [25.8, 66.6] |" in md and "reproduced" in md
     assert (tmp_path / "ablations" / "fig9.png").stat().st_size > 1000
     assert "## Echo Trap diagnostics" in md and "| starpo-s-bandit-s0 | 3 |" in md
 
 
 def test_training_change_against_the_runs_own_start(tmp_path):
-    # 24/32 after vs 2/32 before: d = 0.6875, se = sqrt(.75*.25/32 + .0625*.9375/32) = 0.0877, z = 7.84
+    # 24/32 after vs 2/32 before: d = 0.6875, Newcombe interval [0.467, 0.813] (from Wilson [.579, .867] and
+    # [.017, .201]: 0.6875 - sqrt(.171^2 + .139^2), 0.6875 + sqrt(.117^2 + .045^2))
     up = GridResult("starpo-s-bandit", 0, {"Bandit/success": 0.75, "Bandit/episodes": 32.0}, [],
                     {"val/Bandit/success": 0.0625, "val/Bandit/episodes": 32.0})
-    verdict, d, z = training_change(up, "Bandit")
-    assert verdict == "up" and d == pytest.approx(0.6875) and z == pytest.approx(7.84, abs=0.01)
-    # 1/32 after vs 3/32 before: d = -0.0625, z = -1.04: not significant at 95%
+    verdict, d, lo, hi = training_change(up, "Bandit")
+    assert verdict == "up" and d == pytest.approx(0.6875) and (lo, hi) == pytest.approx((0.467, 0.813), abs=1e-3)
+    # 1/32 after vs 3/32 before: d = -0.0625 in [-0.213, 0.078]: not significant at 95%
     flat = GridResult("granularity-1", 0, {"SimpleSokoban/success": 1 / 32, "SimpleSokoban/episodes": 32.0}, [],
                       {"val/SimpleSokoban/success": 3 / 32, "val/SimpleSokoban/episodes": 32.0})
     assert training_change(flat, "SimpleSokoban")[0] == "no change"
     assert training_change(GridResult("x", 0, {"Bandit/success": 0.5, "Bandit/episodes": 8.0}), "Bandit") is None
     md = write_report([up, flat], "cpu-small", tmp_path / "a.md").read_text()
     assert "Of 2 run x tag pairs: 1 up, 0 down, 1 without a significant change." in md
-    assert "| starpo-s-bandit-s0 | Bandit | 6.2 | 75.0 | 68.8 | 7.84 | up |" in md
+    assert "| starpo-s-bandit-s0 | Bandit | 6.2 | 75.0 | 68.8 [46.7, 81.3] | up |" in md
 
 
 @pytest.mark.parametrize("name", sorted(n for n, e in EXPERIMENTS.items() if e.kind == "train"))

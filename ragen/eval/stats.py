@@ -1,4 +1,5 @@
-"""Confidence intervals as pure functions: Wilson score intervals for rates, a normal interval for means."""
+"""Confidence intervals as pure functions: Wilson score intervals for rates, Newcombe intervals for their
+differences, a normal interval for means."""
 
 from __future__ import annotations
 
@@ -45,14 +46,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def two_proportion_z(hits_a: float, n_a: int, hits_b: float, n_b: int) -> tuple[float, float]:
-    """Difference of two rates (a - b) and its z statistic under the unpooled normal approximation; z is 0 when
-    both rates are 0 or 1 (no evidence either way) and NaN when a sample is empty."""
+def rate_difference(hits_a: float, n_a: int, hits_b: float, n_b: int, z: float = Z95) -> tuple[float, float, float]:
+    """Difference of two rates (a - b) and its Newcombe hybrid-score interval (method 10 of Newcombe 1998, built
+    from the two Wilson intervals). Unlike the plain normal z it keeps its coverage at small n and rates near 0,
+    where our 32-seed panels live (0/32 vs 4/32: z = 2.1, this interval [-0.6, 28.1] pp). NaNs for an empty
+    sample."""
     if n_a <= 0 or n_b <= 0:
-        return math.nan, math.nan
+        return math.nan, math.nan, math.nan
     pa, pb = hits_a / n_a, hits_b / n_b
-    se = math.sqrt(pa * (1 - pa) / n_a + pb * (1 - pb) / n_b)
+    la, ua = wilson(hits_a, n_a, z)
+    lb, ub = wilson(hits_b, n_b, z)
     d = pa - pb
-    if se == 0:
-        return d, 0.0 if d == 0 else math.copysign(math.inf, d)
-    return d, d / se
+    return d, d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2), d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)

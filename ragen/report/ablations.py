@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ragen.algos.echo_trap import first_warning
-from ragen.eval.stats import Z95, two_proportion_z, wilson
+from ragen.eval.stats import rate_difference, wilson
 from ragen.report.paper import FINDINGS, Finding
 
 
@@ -41,17 +41,15 @@ def pooled(results: Sequence[GridResult], experiment: str, tag: str) -> tuple[fl
     return (round(hits), n) if n else None
 
 
-def claim_verdict(better: tuple[float, int] | None, worse: tuple[float, int] | None) -> tuple[str, float, float]:
-    """``reproduced`` when ours is significantly higher as claimed (two-sided 95%), ``not reproduced`` when
-    significantly lower, else ``inconclusive``; ``not run`` without both; plus the difference and z."""
+def claim_verdict(better: tuple[float, int] | None, worse: tuple[float, int] | None
+                  ) -> tuple[str, float, float, float]:
+    """``reproduced`` when ours is significantly higher as claimed (the 95% interval of the difference is above
+    0), ``not reproduced`` when significantly lower, else ``inconclusive``; ``not run`` without both; plus the
+    difference and its interval."""
     if better is None or worse is None:
-        return "not run", math.nan, math.nan
-    d, z = two_proportion_z(better[0], better[1], worse[0], worse[1])
-    if z > Z95:
-        return "reproduced", d, z
-    if z < -Z95:
-        return "not reproduced", d, z
-    return "inconclusive", d, z
+        return "not run", math.nan, math.nan, math.nan
+    d, lo, hi = rate_difference(better[0], better[1], worse[0], worse[1])
+    return ("reproduced" if lo > 0 else "not reproduced" if hi < 0 else "inconclusive"), d, lo, hi
 
 
 def finding_verdict(verdicts: Sequence[str]) -> str:
@@ -83,7 +81,8 @@ def experiments_of(f: Finding) -> list[str]:
     from ragen.experiments import EXPERIMENTS
 
     names += [n for n, e in EXPERIMENTS.items() if e.finding == f.key and n not in names]
-    return names
+    order = {n: i for i, n in enumerate(EXPERIMENTS)}  # the registry's order: online-1, 2, 5, 10; granularity 1..7
+    return sorted(names, key=lambda n: order.get(n, len(order)))
 
 
 def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, title: str = "Ablations",
@@ -99,7 +98,8 @@ def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, 
              f" on the fixed evaluation panel after the last iteration (\"x before\": the same panel before "
              f"training), 95% Wilson intervals, episodes pooled over seeds. Paper values are "
              f"exact table entries or, for figures, approximate readings of the curves' ends (REFERENCE 6). A "
-             f"claim is *reproduced* when our difference has the paper's sign at 95% (two-proportion z), "
+             f"claim is *reproduced* when our difference has the paper's sign at 95% (its Newcombe interval "
+             f"excludes 0), "
              f"*not reproduced* when it has the opposite sign at 95%, else *inconclusive at this scale*.", "",
              *notes, ""]
     lines: list[str] = []
@@ -119,13 +119,12 @@ def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, 
                 ours = _cell(pooled(results, n, t)) + (f"; {_pct(b)} before" if b is not None else "")
                 cells += [ours, _pct(f.values[(n, t)]) if (n, t) in f.values else "-"]
             lines.append(f"| {n} | " + " | ".join(cells) + " |")
-        lines += ["", "| claim | tag | difference (pp) | z | verdict |", "|---|---|---|---|---|"]
+        lines += ["", "| claim | tag | difference (pp) [95% CI] | verdict |", "|---|---|---|---|"]
         verdicts = []
         for better, worse, tag in f.claims:
-            v, d, z = claim_verdict(pooled(results, better, tag), pooled(results, worse, tag))
+            v, d, lo, hi = claim_verdict(pooled(results, better, tag), pooled(results, worse, tag))
             verdicts.append(v)
-            lines.append(f"| {better} > {worse} | {tag} | {_pct(d) if not math.isnan(d) else '-'} | "
-                         f"{'-' if math.isnan(z) else f'{z:.2f}'} | {v} |")
+            lines.append(f"| {better} > {worse} | {tag} | {_diff(d, lo, hi)} | {v} |")
         fv = finding_verdict(verdicts)
         summary.append((f, fv))
         lines += ["", f"**Verdict at {scale}: {fv}.**", ""]
@@ -151,16 +150,17 @@ def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, 
     return out
 
 
-def training_change(r: GridResult, tag: str) -> tuple[str, float, float] | None:
+def training_change(r: GridResult, tag: str) -> tuple[str, float, float, float] | None:
     """``up`` / ``down`` when the run's final success on ``tag`` differs from its own before-training score on
-    the same panel at 95% (two-proportion z; it ignores that the seeds are paired, which makes it conservative
-    when outcomes correlate), else ``no change``; plus the difference and z. None without both evaluations."""
+    the same panel at 95% (Newcombe interval; it ignores that the seeds are paired, which makes it conservative
+    when outcomes correlate), else ``no change``; plus the difference and its interval. None without both
+    evaluations."""
     k_after, k_before = r.eval.get(f"{tag}/episodes"), r.init.get(f"val/{tag}/episodes")
     if not k_after or not k_before or f"{tag}/success" not in r.eval or f"val/{tag}/success" not in r.init:
         return None
-    d, z = two_proportion_z(round(r.eval[f"{tag}/success"] * k_after), int(k_after),
-                            round(r.init[f"val/{tag}/success"] * k_before), int(k_before))
-    return ("up" if z > Z95 else "down" if z < -Z95 else "no change"), d, z
+    d, lo, hi = rate_difference(round(r.eval[f"{tag}/success"] * k_after), int(k_after),
+                                round(r.init[f"val/{tag}/success"] * k_before), int(k_before))
+    return ("up" if lo > 0 else "down" if hi < 0 else "no change"), d, lo, hi
 
 
 def training_effect(results: Sequence[GridResult]) -> list[str]:
@@ -173,16 +173,20 @@ def training_effect(results: Sequence[GridResult]) -> list[str]:
                 continue
             counts[c[0]] += 1
             rows.append(f"| {r.experiment}-s{r.seed} | {tag} | {_pct(r.init[f'val/{tag}/success'])} | "
-                        f"{_pct(r.eval[f'{tag}/success'])} | {_pct(c[1])} | {c[2]:.2f} | {c[0]} |")
+                        f"{_pct(r.eval[f'{tag}/success'])} | {_diff(*c[1:])} | {c[0]} |")
     if not rows:
         return []
     return ["## What training changed", "",
             "Each run's final panel success against its own score on the same panel before training "
-            "(two-proportion z at 95%). "
+            "(95% Newcombe interval of the difference). "
             f"Of {len(rows)} run x tag pairs: {counts['up']} up, {counts['down']} down, {counts['no change']} "
             "without a significant change.", "",
-            "| run | tag | before | after | difference (pp) | z | change |", "|---|---|---|---|---|---|---|",
+            "| run | tag | before | after | difference (pp) [95% CI] | change |", "|---|---|---|---|---|---|",
             *rows, ""]
+
+
+def _diff(d: float, lo: float, hi: float) -> str:
+    return "-" if math.isnan(d) else f"{_pct(d)} [{_pct(lo)}, {_pct(hi)}]"
 
 
 def _num(x: float | None) -> str:
