@@ -130,7 +130,8 @@ def test_report_puts_ours_beside_the_paper(tmp_path):
     md = write_report(res, "cpu-small", tmp_path / "ablations.md").read_text()
     assert "| starpo-s-bandit | 75.0 [" in md and "| 100.0 |" in md  # ours, then the paper's 1.0
     assert "(n=32); 6.2 before |" in md  # and where it started
-    assert "| starpo-s-bandit > starpo-ppo-bandit | Bandit | 50.0 [25.8, 66.6] |" in md and "reproduced" in md
+    assert "| starpo-s-bandit > starpo-ppo-bandit | Bandit | 50.0 [25.8, 66.6] | reproduced |" in md
+    assert "| StarPO vs StarPO-S (Fig. 9) | reproduced (1 of 3 claims run) |" in md
     assert (tmp_path / "ablations" / "fig9.png").stat().st_size > 1000
     assert "## Echo Trap diagnostics" in md and "| starpo-s-bandit-s0 | 3 |" in md
 

@@ -126,6 +126,9 @@ def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, 
             verdicts.append(v)
             lines.append(f"| {better} > {worse} | {tag} | {_diff(d, lo, hi)} | {v} |")
         fv = finding_verdict(verdicts)
+        tested = sum(v != "not run" for v in verdicts)
+        if 0 < tested < len(verdicts):  # a verdict on part of the finding says so
+            fv += f" ({tested} of {len(verdicts)} claims run)"
         summary.append((f, fv))
         lines += ["", f"**Verdict at {scale}: {fv}.**", ""]
         png = _bar_chart(f, names, results, fig_dir / f"{f.key}.png")
