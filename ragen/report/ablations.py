@@ -49,7 +49,12 @@ def claim_verdict(better: tuple[float, int] | None, worse: tuple[float, int] | N
     if better is None or worse is None:
         return "not run", math.nan, math.nan, math.nan
     d, lo, hi = rate_difference(better[0], better[1], worse[0], worse[1])
-    return ("reproduced" if lo > 0 else "not reproduced" if hi < 0 else "inconclusive"), d, lo, hi
+    return ("inconclusive", "reproduced", "not reproduced")[_sign(lo, hi)], d, lo, hi
+
+
+def _sign(lo: float, hi: float) -> int:
+    """1 when a difference's interval is above 0, -1 when below, 0 when it straddles 0."""
+    return 1 if lo > 0 else -1 if hi < 0 else 0
 
 
 def finding_verdict(verdicts: Sequence[str]) -> str:
@@ -163,7 +168,7 @@ def training_change(r: GridResult, tag: str) -> tuple[str, float, float, float] 
         return None
     d, lo, hi = rate_difference(round(r.eval[f"{tag}/success"] * k_after), int(k_after),
                                 round(r.init[f"val/{tag}/success"] * k_before), int(k_before))
-    return ("up" if lo > 0 else "down" if hi < 0 else "no change"), d, lo, hi
+    return ("no change", "up", "down")[_sign(lo, hi)], d, lo, hi
 
 
 def training_effect(results: Sequence[GridResult]) -> list[str]:
