@@ -124,6 +124,9 @@ class RolloutConfig(_Section):
     sync_mean_tol: float = Field(0.15, gt=0.0, description="sync gate: largest allowed mean |engine - trainer| "
                                  "logprob gap on the probe batch (bf16 engine vs fp32 trainer: ~0.06)")
     sync_max_tol: float = Field(2.5, gt=0.0, description="sync gate: largest allowed single-token gap (bf16: <~0.9)")
+    sync_floor_factor: float = Field(2.0, ge=0.0, description="sync gate calibration: a run's start measures the "
+                                     "engine-vs-trainer gap on identical weights (the precision floor); a sync "
+                                     "passes with a mean gap up to max(sync_mean_tol, factor x floor); 0 = fixed")
     progress: bool = Field(True, description="progress bar on interactive terminals (never in CI or logs)")
 
 

@@ -33,9 +33,11 @@ class Runtime:
     trainer: Any = None
 
     def open(self) -> Runtime:
+        from ragen.rollout.sync import SyncGateError
+
         try:
             return self._open()
-        except (ResumeError, MemoryError):
+        except (ResumeError, MemoryError, SyncGateError):  # a gate failure is the engine's, not the checkpoint's
             raise
         except Exception as e:  # loaders raise many kinds (SafetensorError, OSError, RuntimeError, ...) on a bad file
             # the resume checkpoint is blamed unless the error is plainly elsewhere: out of memory, or a missing
@@ -69,6 +71,8 @@ class Runtime:
         self.engine = make_engine(self.cfg, self.tokenizer,
                                   model_path=str(self.resume / "actor") if self.resume else start)
         self.trainer = Trainer(self.cfg, resume=self.resume, renderer=self.renderer, model_path=start)
+        if self.cfg.rollout.sync_floor_factor > 0:  # both hold the same weights now: the gate's precision floor
+            self.trainer.calibrate(self.engine)
         return self
 
 
@@ -129,6 +133,7 @@ def update_policy(rt: Runtime, run: RunDir, k: int, batch: Batch) -> dict[str, f
     rt.trainer.save(run.state(k))
     metrics = dict(res.metrics)
     metrics.update({"sync/gate_mean_abs": gate.mean_abs, "sync/gate_max_abs": gate.max_abs,
+                    "sync/gate_mean_tol": gate.mean_tol,
                     "timing_s/step": t1 - t0, "timing_s/sync": t2 - t1, "timing_s/save": time.monotonic() - t2})
     return metrics
 

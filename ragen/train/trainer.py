@@ -13,7 +13,7 @@ from ragen.algos.filtering import filter_groups
 from ragen.config import Config
 from ragen.models import ensure_model, load_tokenizer
 from ragen.rollout.engine import Engine
-from ragen.rollout.sync import DEFAULT_PROBE, GateReport, probe_batch, sync_weights
+from ragen.rollout.sync import DEFAULT_PROBE, GateReport, calibrate_gate, probe_batch, sync_weights
 from ragen.train.batch import sequences_from_rollouts
 from ragen.train.checkpoint import COMPLETE, write_checkpoint
 from ragen.train.ds import ensure_distributed, gathered_state, make_engine, set_lr
@@ -67,6 +67,7 @@ class Trainer:
         if src is not None:
             self._load_optimizer_state(src)
         self.probe = probe_batch(renderer, DEFAULT_PROBE) if renderer is not None else None
+        self.gate_floor: GateReport | None = None  # set by calibrate(); None: the gate's fixed tolerance
 
     # -- training -------------------------------------------------------------------------------------------
     def step(self, rollouts: pd.DataFrame, iteration: int = 0) -> UpdateResult:
@@ -85,13 +86,27 @@ class Trainer:
         full = gathered_state(self.actor)
         return list((full if full is not None else self.actor.module.state_dict()).items())
 
-    def sync(self, engine: Engine) -> GateReport:
-        """Send the actor's weights to the rollout engine in place and gate on the probe batch."""
+    def _probe(self) -> list[list[int]]:
         if self.probe is None:
             raise RuntimeError("the trainer was built without a renderer, so it has no probe batch for the gate")
+        return self.probe
+
+    def calibrate(self, engine: Engine) -> GateReport:
+        """Measure the sync gate's precision floor against an engine that loaded the same weights as this trainer
+        (``ragen.rollout.sync.calibrate_gate``); later syncs are gated relative to it."""
         r = self.cfg.rollout
-        return sync_weights(engine, self.named_weights(), self.actor.module, self.probe, pad_token_id=self.pad_id,
-                            mean_tol=r.sync_mean_tol, max_tol=r.sync_max_tol)
+        self.gate_floor = calibrate_gate(engine, self.actor.module, self._probe(), pad_token_id=self.pad_id,
+                                         mean_tol=r.sync_mean_tol, max_tol=r.sync_max_tol,
+                                         factor=r.sync_floor_factor)
+        return self.gate_floor
+
+    def sync(self, engine: Engine) -> GateReport:
+        """Send the actor's weights to the rollout engine in place and gate on the probe batch."""
+        r = self.cfg.rollout
+        floor = self.gate_floor.mean_abs if self.gate_floor is not None else None
+        return sync_weights(engine, self.named_weights(), self.actor.module, self._probe(), pad_token_id=self.pad_id,
+                            mean_tol=r.sync_mean_tol, max_tol=r.sync_max_tol, floor=floor,
+                            floor_factor=r.sync_floor_factor)
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
