@@ -15,7 +15,15 @@ from ragen.eval.metrics import panel_metrics
 from ragen.eval.panels import make_panel, read_panel, write_panel
 from ragen.eval.stats import mean_interval, pass_at_k, rate_difference, wilson
 from ragen.experiments import EXPERIMENTS, Grid, grid_yaml, read_grid, resolve
-from ragen.report.ablations import GridResult, claim_verdict, finding_verdict, pooled, training_change, write_report
+from ragen.report.ablations import (
+    GridResult,
+    claim_verdict,
+    finding_verdict,
+    pooled,
+    training_change,
+    training_effect,
+    write_report,
+)
 
 
 def test_wilson_matches_hand_values():
@@ -151,6 +159,34 @@ def test_training_change_against_the_runs_own_start(tmp_path):
     md = write_report([up, flat], "cpu-small", tmp_path / "a.md").read_text()
     assert "Of 2 run x tag pairs: 1 up, 0 down, 1 without a significant change." in md
     assert "| starpo-s-bandit-s0 | Bandit | 6.2 | 75.0 | 68.8 [46.7, 81.3] | up |" in md
+    assert "Pooled" not in md  # no run has several tags
+
+
+def test_training_change_pools_a_runs_tags():
+    # per tag 3/32 -> 1/32 and 4/32 -> 1/32 are each inside noise; pooled 7/64 -> 2/64 is d = -5/64 = -0.078
+    # (Wilson 2/64 [.0086, .1070], 7/64 [.0540, .2090]: lo = -.078 - sqrt(.0227^2 + .0996^2) = -.180,
+    #  hi = -.078 + sqrt(.0757^2 + .0554^2) = +.016): still no change.
+    # At twice the panel each tag alone is still inside noise; pooled, the run goes down.
+    def run(k):
+        tags = {"SimpleSokoban": (1, 3), "FrozenLake": (1, 4)}
+        ev = {f"{t}/success": a * k / (32 * k) for t, (a, _) in tags.items()} | \
+            {f"{t}/episodes": 32.0 * k for t in tags}
+        init = {f"val/{t}/success": b * k / (32 * k) for t, (_, b) in tags.items()} | \
+            {f"val/{t}/episodes": 32.0 * k for t in tags}
+        return GridResult("granularity-2", 0, ev, [], init)
+
+    assert training_change(run(1), "SimpleSokoban")[0] == "no change"
+    verdict, d, lo, hi = training_change(run(1), ["SimpleSokoban", "FrozenLake"])
+    assert verdict == "no change" and d == pytest.approx(-5 / 64) and (lo, hi) == pytest.approx((-0.180, 0.016),
+                                                                                                  abs=2e-3)
+    assert [training_change(run(2), t)[0] for t in ("SimpleSokoban", "FrozenLake")] == ["no change", "no change"]
+    assert training_change(run(2), ["SimpleSokoban", "FrozenLake"])[0] == "down"
+    assert training_change(run(1), ["SimpleSokoban", "Bandit"])[1] == pytest.approx(-2 / 32)  # unscored tags drop
+    assert training_change(run(1), ["Bandit"]) is None
+    lines = "\n".join(training_effect([run(2)]))
+    assert "Of 2 run x tag pairs: 0 up, 0 down, 2 without a significant change. Pooled over each multi-tag " \
+           "run's tags (1 run): 0 up, 1 down, 0 without a significant change." in lines
+    assert "| granularity-2-s0 | **all 2 tags** | 10.9 | 3.1 | -7.8 [-14.7, -1.5] | **down** |" in lines
 
 
 @pytest.mark.parametrize("name", sorted(n for n, e in EXPERIMENTS.items() if e.kind == "train"))

@@ -158,37 +158,62 @@ def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, 
     return out
 
 
-def training_change(r: GridResult, tag: str) -> tuple[str, float, float, float] | None:
-    """``up`` / ``down`` when the run's final success on ``tag`` differs from its own before-training score on
-    the same panel at 95% (Newcombe interval; it ignores that the seeds are paired, which makes it conservative
-    when outcomes correlate), else ``no change``; plus the difference and its interval. None without both
-    evaluations."""
+def _before_after(r: GridResult, tag: str) -> tuple[int, int, int, int] | None:
+    """Successes and episodes on ``tag`` after and before training (None without both evaluations)."""
     k_after, k_before = r.eval.get(f"{tag}/episodes"), r.init.get(f"val/{tag}/episodes")
     if not k_after or not k_before or f"{tag}/success" not in r.eval or f"val/{tag}/success" not in r.init:
         return None
-    d, lo, hi = rate_difference(round(r.eval[f"{tag}/success"] * k_after), int(k_after),
-                                round(r.init[f"val/{tag}/success"] * k_before), int(k_before))
+    return (round(r.eval[f"{tag}/success"] * k_after), int(k_after),
+            round(r.init[f"val/{tag}/success"] * k_before), int(k_before))
+
+
+def _change(counts: tuple[int, int, int, int]) -> tuple[str, float, float, float]:
+    d, lo, hi = rate_difference(*counts)
     return ("no change", "up", "down")[_sign(lo, hi)], d, lo, hi
 
 
+def training_change(r: GridResult, tag: str | Sequence[str]) -> tuple[str, float, float, float] | None:
+    """``up`` / ``down`` when the run's final success on ``tag`` differs from its own before-training score on
+    the same panel at 95% (Newcombe interval; it ignores that the seeds are paired, which makes it conservative
+    when outcomes correlate), else ``no change``; plus the difference and its interval. Several tags are pooled
+    (episodes summed over those with both evaluations). None without both evaluations."""
+    tags = [tag] if isinstance(tag, str) else list(tag)
+    parts = [c for c in (_before_after(r, t) for t in tags) if c is not None]
+    if not parts:
+        return None
+    return _change(tuple(sum(c[i] for c in parts) for i in range(4)))  # type: ignore[arg-type]
+
+
 def training_effect(results: Sequence[GridResult]) -> list[str]:
-    """The report section on what training did to each run: its panel success before vs after."""
-    rows, counts = [], {"up": 0, "down": 0, "no change": 0}
+    """The report section on what training did to each run: its panel success before vs after, per tag and,
+    for runs scored on several tags, pooled over them (4x the episodes, so smaller shifts show)."""
+    rows, counts, pooled_counts = [], {"up": 0, "down": 0, "no change": 0}, {"up": 0, "down": 0, "no change": 0}
     for r in results:
-        for tag in sorted({k.split("/")[0] for k in r.eval if k.endswith("/success")}):
+        tags = [t for t in sorted({k.split("/")[0] for k in r.eval if k.endswith("/success")})
+                if _before_after(r, t) is not None]
+        for tag in tags:
             c = training_change(r, tag)
-            if c is None:
-                continue
             counts[c[0]] += 1
             rows.append(f"| {r.experiment}-s{r.seed} | {tag} | {_pct(r.init[f'val/{tag}/success'])} | "
                         f"{_pct(r.eval[f'{tag}/success'])} | {_diff(*c[1:])} | {c[0]} |")
+        if len(tags) > 1:
+            c = training_change(r, tags)
+            ba = [_before_after(r, t) for t in tags]
+            after, before = sum(x[0] for x in ba) / sum(x[1] for x in ba), sum(x[2] for x in ba) / sum(x[3] for x in ba)
+            pooled_counts[c[0]] += 1
+            rows.append(f"| {r.experiment}-s{r.seed} | **all {len(tags)} tags** | {_pct(before)} | {_pct(after)} | "
+                        f"{_diff(*c[1:])} | **{c[0]}** |")
     if not rows:
         return []
+    n_tag, n_pool = sum(counts.values()), sum(pooled_counts.values())
+    pooled_line = (f" Pooled over each multi-tag run's tags ({n_pool} run{'s' if n_pool != 1 else ''}): {pooled_counts['up']} up, "
+                   f"{pooled_counts['down']} down, {pooled_counts['no change']} without a significant change."
+                   if n_pool else "")
     return ["## What training changed", "",
             "Each run's final panel success against its own score on the same panel before training "
             "(95% Newcombe interval of the difference). "
-            f"Of {len(rows)} run x tag pairs: {counts['up']} up, {counts['down']} down, {counts['no change']} "
-            "without a significant change.", "",
+            f"Of {n_tag} run x tag pairs: {counts['up']} up, {counts['down']} down, {counts['no change']} "
+            f"without a significant change.{pooled_line}", "",
             "| run | tag | before | after | difference (pp) [95% CI] | change |", "|---|---|---|---|---|---|",
             *rows, ""]
 
