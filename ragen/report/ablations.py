@@ -206,7 +206,8 @@ def training_effect(results: Sequence[GridResult]) -> list[str]:
     if not rows:
         return []
     n_tag, n_pool = sum(counts.values()), sum(pooled_counts.values())
-    pooled_line = (f" Pooled over each multi-tag run's tags ({n_pool} run{'s' if n_pool != 1 else ''}): {pooled_counts['up']} up, "
+    runs = f"{n_pool} run{'s' if n_pool != 1 else ''}"
+    pooled_line = (f" Pooled over each multi-tag run's tags ({runs}): {pooled_counts['up']} up, "
                    f"{pooled_counts['down']} down, {pooled_counts['no change']} without a significant change."
                    if n_pool else "")
     return ["## What training changed", "",
