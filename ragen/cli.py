@@ -639,6 +639,25 @@ def grid_run_cmd(params: GridParams = Path("params.yaml"), reports: GridReports 
     typer.echo(f"wrote {res['report']} ({res['scored']} runs scored)")
 
 
+@grid_app.command("mlflow-restore")
+def grid_mlflow_restore_cmd(params: GridParams = Path("params.yaml"), reports: GridReports = Path("reports/grid"),
+                            out: Annotated[Path, typer.Option(help="the report, logged on the sweep's parent run")]
+                            = Path("reports/ablations.md"),
+                            tracking_uri: Annotated[str | None, typer.Option(
+                                help="MLflow tracking URI (default: the grid config's tracking.mlflow_tracking_uri)")]
+                            = None) -> None:
+    """Rebuild the grid's MLflow runs from reports/grid (a fresh clone, a lost or new tracking database): each
+    scored run as a child of the sweep's parent with its params, knobs, per-iteration and panel metrics. Runs
+    already in MLflow are kept; running it twice adds nothing."""
+    from flows.grid_tracking import grid_restore_tracking
+
+    res = _grid_call(grid_restore_tracking, str(params), str(reports), str(out), tracking_uri)
+    typer.echo(f"restored {len(res['restored'])} runs, {len(res['present'])} already in MLflow"
+               + (f"; not scored: {', '.join(res['not_scored'])}" if res["not_scored"] else ""))
+    for line in res["other_settings"]:
+        typer.secho(f"not restored, scored with other settings: {line}", err=True, fg="yellow")
+
+
 @services_app.command("mlflow")
 def services_mlflow_cmd(
         postgres: Annotated[Path, typer.Option(help="PostgreSQL data directory (created on first use, kept)")]

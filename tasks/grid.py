@@ -1,8 +1,9 @@
-"""Tasks of the ablation grid: export a finished run's metrics to reports/grid, write the report, and log the
-report to the sweep's parent MLflow run."""
+"""Tasks of the ablation grid: export a finished run's metrics to reports/grid, write the report, log the
+report to the sweep's parent MLflow run, and rebuild a run's MLflow record from its exported metrics."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from ragen.config import Config
 from ragen.report import grid as grid_files
 from ragen.run.rundir import RunDir
-from tasks.tracking import _client, sweep_run
+from tasks.tracking import _client, _log_metrics, experiment_id, git_commit, log_params, run_tags, sweep_run
 
 _OPTS = {"cache_policy": NO_CACHE, "persist_result": False}
 
@@ -57,3 +58,35 @@ def log_report(cfg: Config, report: str) -> str | None:
         client.log_artifacts(parent, str(md.with_suffix("")), f"report/{md.stem}")
     client.set_terminated(parent, "FINISHED")  # the sweep's report is in: the parent no longer shows as running
     return parent
+
+
+@task(name="restore_tracking", retries=3, retry_delay_seconds=2, **_OPTS)
+def restore_tracking(cfg: Config, out: str) -> dict[str, Any]:
+    """A grid run's MLflow run rebuilt from what it exported to ``out`` (reports/grid/<name>-s<seed>/): the tags,
+    knobs and params training gives it, as a child of the sweep's parent; each iteration's metrics at its step;
+    the panel before training as ``init/...`` at step 0 and the final panel as ``panel/...``. A run of that name
+    already in the experiment is left as it is, so restoring twice adds nothing. The rebuilt run is tagged
+    ``ragen_restored_from`` (its ``git_commit`` is the restoring checkout's: the training commit is not exported)."""
+    from ragen.eval.evaluate import read_eval
+
+    d = Path(out)
+    train = json.loads((d / "train.json").read_text())
+    hist = json.loads((d / "history.json").read_text())
+    name = train["run_name"]
+    client = _client(cfg)
+    exp = experiment_id(client, cfg)
+    found = client.search_runs([exp], f"attributes.run_name = '{name}'", max_results=1)
+    if found:
+        return {"run": name, "run_id": found[0].info.run_id, "restored": False}
+    tags = {**run_tags(client, cfg, str(train.get("run_dir", "")), git_commit()), "ragen_restored_from": str(d)}
+    run_id = client.create_run(exp, run_name=name, tags=tags).info.run_id
+    log_params(client, run_id, cfg)
+    if hist.get("eval_init"):
+        _log_metrics(client, run_id, 0, {f"init/{k}": v for k, v in hist["eval_init"].items()})
+    for k, metrics in enumerate(hist["iterations"]):  # a finished run's completed iterations: 0, 1, ...
+        _log_metrics(client, run_id, k, metrics)
+    if (d / "eval").is_dir():
+        ev = read_eval(d / "eval")
+        _log_metrics(client, run_id, int(ev.get("iteration", 0)), {f"panel/{k}": v for k, v in ev["metrics"].items()})
+    client.set_terminated(run_id, "FINISHED")
+    return {"run": name, "run_id": run_id, "restored": True}

@@ -89,23 +89,35 @@ def start_tracking(cfg: Config, run: RunDir) -> str:
         if uri in ("", cfg.tracking.mlflow_tracking_uri):  # else: logged elsewhere now, start a run there
             client.update_run(run_id, status="RUNNING")
             return run_id
-    tags = {"git_commit": git_commit(), "preset": ",".join(cfg.preset) or "none",
-            "experiment": cfg.tracking.experiment, "run_dir": str(run.root), **cfg.tracking.tags}
-    parent = sweep_run(client, cfg)
-    if parent is not None:  # a child of its sweep: the MLflow UI nests it and compares it with its siblings
-        tags.update({"mlflow.parentRunId": parent, "ragen_sweep": str(cfg.tracking.sweep), "ragen_role": "child"})
-    r = client.create_run(experiment_id(client, cfg), run_name=run.root.name, tags=tags)
+    r = client.create_run(experiment_id(client, cfg), run_name=run.root.name,
+                          tags=run_tags(client, cfg, str(run.root), git_commit()))
     # the id first: a retry after a failed params batch must reuse this run, not create a second one
     write_text_atomic(id_file, f"{r.info.run_id}\n{cfg.tracking.mlflow_tracking_uri}\n")
     (run.root / LOGGED).unlink(missing_ok=True)
+    log_params(client, r.info.run_id, cfg)
+    client.log_artifact(r.info.run_id, str(run.root / "config.yaml"))
+    return r.info.run_id
+
+
+def run_tags(client: Any, cfg: Config, run_dir: str, commit: str) -> dict[str, str]:
+    """The tags of a training run: where and from what it ran, its ``tracking.tags`` (a grid run's experiment and
+    knobs) and, in a sweep, its parent (the MLflow UI nests it and compares it with its siblings)."""
+    tags = {"git_commit": commit, "preset": ",".join(cfg.preset) or "none",
+            "experiment": cfg.tracking.experiment, "run_dir": run_dir, **cfg.tracking.tags}
+    parent = sweep_run(client, cfg)
+    if parent is not None:
+        tags.update({"mlflow.parentRunId": parent, "ragen_sweep": str(cfg.tracking.sweep), "ragen_role": "child"})
+    return tags
+
+
+def log_params(client: Any, run_id: str, cfg: Config) -> None:
+    """The resolved config, flattened (``agent.max_actions_per_turn``, ...), as the run's params."""
     from mlflow.entities import Param
 
     params = [Param(k, (v if isinstance(v, str) else json.dumps(v))[:6000])  # MLflow's value length limit
               for k, v in flatten(config_to_dict(cfg)).items()]
     for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-        client.log_batch(r.info.run_id, params=params[i:i + 100])
-    client.log_artifact(r.info.run_id, str(run.root / "config.yaml"))
-    return r.info.run_id
+        client.log_batch(run_id, params=params[i:i + 100])
 
 
 def read_run_id(run: RunDir) -> str | None:

@@ -1,7 +1,7 @@
 """The ablation grid end to end at a tiny scale: `dvc repro report` in a fresh git + DVC repo holding the project's
 own dvc.yaml, with params.yaml's `experiments` block set to two experiments of two iterations on the tiny model.
-Checks the report, the curves and plots, the MLflow sweep parent with its tagged children, and that a second
-`dvc repro` runs nothing."""
+Checks the report, the curves and plots, the MLflow sweep parent with its tagged children (and their rebuild from
+the reports into an empty tracking database), and that a second `dvc repro` runs nothing."""
 
 import csv
 import json
@@ -129,6 +129,60 @@ def test_mlflow_sweep_parent_and_tagged_children(grid_repo):
     assert "panel/Bandit/success" in by["starpo-s-bandit"].data.metrics  # the final evaluation, logged to the run
     arts = [a.path for a in client.list_artifacts(parent, "report")]
     assert "report/ablations.md" in arts
+
+
+def test_mlflow_restore_rebuilds_the_sweep_from_the_reports(grid_repo, tmp_path, monkeypatch):
+    """`ragen grid mlflow-restore` into an empty tracking database: the same parent and children, params, knobs
+    and metric histories as the runs logged while training, from reports/grid alone; a second restore adds
+    nothing, and a run scored with other settings than params.yaml's is listed, not restored."""
+    import mlflow
+
+    from flows.grid_tracking import grid_restore_tracking
+
+    repo, _ = grid_repo
+    monkeypatch.chdir(tmp_path)  # the new experiment's artifacts land here, not in the repo
+    uri = f"sqlite:///{tmp_path / 'restored.db'}"
+    args = (str(repo / "params.yaml"), str(repo / "reports" / "grid"), str(repo / "reports" / "ablations.md"), uri)
+    names = {json.loads((repo / "reports" / "grid" / f"{n}-s0" / "train.json").read_text())["run_name"]
+             for n in EXPERIMENTS}
+    first = grid_restore_tracking(*args)
+    assert set(first["restored"]) == names and first["present"] == [] and first["other_settings"] == []
+    again = grid_restore_tracking(*args)
+    assert again["restored"] == [] and set(again["present"]) == names
+
+    def sweep(client):
+        exp = client.get_experiment_by_name("ragen").experiment_id
+        parent = client.search_runs([exp], "tags.ragen_role = 'sweep'")
+        assert len(parent) == 1
+        kids = client.search_runs([exp], f"tags.mlflow.parentRunId = '{parent[0].info.run_id}'")
+        return parent[0], {k.info.run_name: k for k in kids}
+
+    def points(c, r, key):
+        return sorted({(m.step, m.value) for m in c.get_metric_history(r.info.run_id, key)})
+
+    orig, new = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}"), mlflow.MlflowClient(uri)
+    (_, logged), (parent, restored) = sweep(orig), sweep(new)
+    assert set(restored) == set(logged) == names
+    for name, o in logged.items():
+        n = restored[name]
+        assert n.info.status == "FINISHED" and n.data.tags["ragen_restored_from"].endswith(
+            f"{o.data.tags['experiment_name']}-s0")
+        same = {k: v for k, v in o.data.params.items() if k != "tracking.mlflow_tracking_uri"}
+        assert {k: v for k, v in n.data.params.items() if k in same} == same and len(n.data.params) == len(
+            o.data.params)
+        for tag in ("experiment_name", "finding", "algorithm", "scale", "seed", "preset"):
+            assert n.data.tags[tag] == o.data.tags[tag], tag
+        for key in ("panel/Bandit/success", "val/Bandit/success", "init/val/Bandit/success", "rollout/in_group_std",
+                    "actor/grad_norm", "echo/warning"):
+            assert points(new, n, key) == points(orig, o, key) and points(new, n, key), key
+    assert "report/ablations.md" in [a.path for a in new.list_artifacts(parent.info.run_id, "report")]
+    # params.yaml changed since the grid ran: those outputs are no longer this grid's runs
+    changed = tmp_path / "params.yaml"
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["experiments"]["overrides"] = [*params["experiments"]["overrides"], "actor.lr=3e-6"]
+    changed.write_text(yaml.safe_dump(params, sort_keys=False))
+    other = grid_restore_tracking(str(changed), *args[1:3], f"sqlite:///{tmp_path / 'other.db'}")
+    assert other["restored"] == [] and len(other["other_settings"]) == 2
 
 
 def test_dvc_plots_render_offline(grid_repo, tmp_path):
