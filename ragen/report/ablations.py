@@ -179,9 +179,12 @@ def training_change(r: GridResult, tag: str | Sequence[str]) -> tuple[str, float
     (episodes summed over those with both evaluations). None without both evaluations."""
     tags = [tag] if isinstance(tag, str) else list(tag)
     parts = [c for c in (_before_after(r, t) for t in tags) if c is not None]
-    if not parts:
-        return None
-    return _change(tuple(sum(c[i] for c in parts) for i in range(4)))  # type: ignore[arg-type]
+    return _change(_pooled(parts)) if parts else None
+
+
+def _pooled(parts: Sequence[tuple[int, int, int, int]]) -> tuple[int, int, int, int]:
+    """Several tags' (successes after, episodes after, successes before, episodes before), summed."""
+    return tuple(sum(c[i] for c in parts) for i in range(4))  # type: ignore[return-value]
 
 
 def training_effect(results: Sequence[GridResult]) -> list[str]:
@@ -189,20 +192,19 @@ def training_effect(results: Sequence[GridResult]) -> list[str]:
     for runs scored on several tags, pooled over them (4x the episodes, so smaller shifts show)."""
     rows, counts, pooled_counts = [], {"up": 0, "down": 0, "no change": 0}, {"up": 0, "down": 0, "no change": 0}
     for r in results:
-        tags = [t for t in sorted({k.split("/")[0] for k in r.eval if k.endswith("/success")})
-                if _before_after(r, t) is not None]
-        for tag in tags:
-            c = training_change(r, tag)
+        per_tag = {t: ba for t in sorted({k.split("/")[0] for k in r.eval if k.endswith("/success")})
+                   if (ba := _before_after(r, t)) is not None}
+        for tag, ba in per_tag.items():
+            c = _change(ba)
             counts[c[0]] += 1
             rows.append(f"| {r.experiment}-s{r.seed} | {tag} | {_pct(r.init[f'val/{tag}/success'])} | "
                         f"{_pct(r.eval[f'{tag}/success'])} | {_diff(*c[1:])} | {c[0]} |")
-        if len(tags) > 1:
-            c = training_change(r, tags)
-            ba = [_before_after(r, t) for t in tags]
-            after, before = sum(x[0] for x in ba) / sum(x[1] for x in ba), sum(x[2] for x in ba) / sum(x[3] for x in ba)
+        if len(per_tag) > 1:
+            k_after, n_after, k_before, n_before = pooled = _pooled(list(per_tag.values()))
+            c = _change(pooled)
             pooled_counts[c[0]] += 1
-            rows.append(f"| {r.experiment}-s{r.seed} | **all {len(tags)} tags** | {_pct(before)} | {_pct(after)} | "
-                        f"{_diff(*c[1:])} | **{c[0]}** |")
+            rows.append(f"| {r.experiment}-s{r.seed} | **all {len(per_tag)} tags** | {_pct(k_before / n_before)} | "
+                        f"{_pct(k_after / n_after)} | {_diff(*c[1:])} | **{c[0]}** |")
     if not rows:
         return []
     n_tag, n_pool = sum(counts.values()), sum(pooled_counts.values())
