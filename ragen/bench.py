@@ -56,6 +56,7 @@ def bench_rollout(engines: tuple[str, ...] = ("vllm", "hf"), *, model: str = "sm
     from ragen.agent.chat import ChatRenderer
     from ragen.config import load_config
     from ragen.models import load_tokenizer
+    from ragen.models.precision import model_dtype
     from ragen.rollout.factory import make_engine
     from ragen.rollout.runner import collect
 
@@ -66,7 +67,7 @@ def bench_rollout(engines: tuple[str, ...] = ("vllm", "hf"), *, model: str = "sm
     tok = load_tokenizer(cfg.model.base, cfg.model.tokenizer)
     renderer = ChatRenderer(tok, cfg.model.end_of_turn_token)
     out: dict[str, float | str] = {"model": model, "tag": tag, "trajectories": groups * group_size, "turns": turns,
-                                   "new_tokens_per_turn": new_tokens, "dtype": cfg.model.dtype,
+                                   "new_tokens_per_turn": new_tokens, "dtype": model_dtype(cfg),
                                    "overrides": " ".join(extra)}
     for name in engines:
         t0 = time.perf_counter()
@@ -127,6 +128,7 @@ def bench_train(*, model: str = "smollm2-135m-instruct", groups: int = 2, group_
     from ragen.agent.chat import ChatRenderer
     from ragen.config import load_config
     from ragen.models import ensure_model, load_tokenizer
+    from ragen.models.precision import hardware
     from ragen.train.batch import sequences_from_rollouts
     from ragen.train.ds import make_engine
     from ragen.train.models import load_actor
@@ -147,7 +149,8 @@ def bench_train(*, model: str = "smollm2-135m-instruct", groups: int = 2, group_
     o = cfg.actor
     out: dict[str, float | str] = {"model": model, "trajectories": len(seqs), "tokens": int(lengths.sum()),
                                    "min_len": int(lengths.min()), "max_len": int(lengths.max()),
-                                   "token_budget": token_budget, "micro_batch_size": micro_batch_size}
+                                   "token_budget": token_budget, "micro_batch_size": micro_batch_size,
+                                   "hardware": hardware()}
 
     def run(name: str, engine_kind: str, bucketed: bool, compute_dtype: str = "fp32") -> None:
         torch.manual_seed(seed)
@@ -158,7 +161,8 @@ def bench_train(*, model: str = "smollm2-135m-instruct", groups: int = 2, group_
         else:
             engine = PlainEngine(actor, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip)
         c = cfg.model_copy(update={"actor": o.model_copy(update={"micro_batch_tokens": token_budget if bucketed
-                                                                 else 0, "compute_dtype": compute_dtype})})
+                                                                 else 0, "compute_dtype": compute_dtype}),
+                                   "model": cfg.model.model_copy(update={"emulated_bf16": "keep"})})  # bf16 as asked
         t0 = time.perf_counter()
         res = update(c, seqs, engine, pad_id=tok.pad_token_id, pad_to_longest=not bucketed)
         wall = time.perf_counter() - t0

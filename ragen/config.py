@@ -28,7 +28,11 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     base: str = Field("Qwen/Qwen2.5-0.5B-Instruct", description="local path, hub id, or 'smollm2-135m-instruct'")
     tokenizer: str | None = Field(None, description="tokenizer path or id; default: the base model's")
-    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="the rollout engine's (and the KL reference "
+                                                   "model's) precision")
+    emulated_bf16: Literal["fp32", "keep"] = Field(
+        "fp32", description="on hardware without native bf16 matmuls (a CPU without AVX512-BF16/AMX emulates them "
+        "~5x slower): fp32 runs the bf16 settings (model.dtype, *.compute_dtype) in fp32; keep: bf16 anyway")
     trust_remote_code: bool = False
     lora_rank: int = Field(0, ge=0, description="0 = full fine-tune")
     lora_alpha: int = Field(64, ge=1)

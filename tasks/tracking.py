@@ -23,6 +23,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from ragen.config import Config, config_to_dict, flatten
+from ragen.models.precision import precision_tags
 from ragen.run.iteration import EVAL_INIT
 from ragen.run.rundir import MARKER, RunDir, write_text_atomic
 
@@ -90,7 +91,7 @@ def start_tracking(cfg: Config, run: RunDir) -> str:
             client.update_run(run_id, status="RUNNING")
             return run_id
     r = client.create_run(experiment_id(client, cfg), run_name=run.root.name,
-                          tags=run_tags(client, cfg, str(run.root), git_commit()))
+                          tags={**run_tags(client, cfg, str(run.root), git_commit()), **precision_tags(cfg)})
     # the id first: a retry after a failed params batch must reuse this run, not create a second one
     write_text_atomic(id_file, f"{r.info.run_id}\n{cfg.tracking.mlflow_tracking_uri}\n")
     (run.root / LOGGED).unlink(missing_ok=True)

@@ -45,3 +45,45 @@ def test_bad_model_paths(tmp_path):
     with pytest.raises(FileNotFoundError, match="neither an existing directory"):
         ensure_model(str(tmp_path / "nope"))
     assert resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_bf16_runs_in_fp32_only_where_the_hardware_would_emulate_it(monkeypatch, caplog):
+    """model.emulated_bf16=fp32 (default) turns every bf16 setting into fp32 on hardware without native bf16
+    matmuls, keeps it on hardware with them, and 'keep' always keeps it; fp16/fp32 settings are never touched."""
+    from ragen.config import load_config
+    from ragen.models import precision
+
+    bf16 = ["model.dtype=bf16", "actor.compute_dtype=bf16", "critic.compute_dtype=fp32", "sft.compute_dtype=bf16"]
+    cfg = load_config(None, [], bf16)
+    keep = load_config(None, [], [*bf16, "model.emulated_bf16=keep"])
+    for native in (False, True):
+        monkeypatch.setattr(precision, "native_bf16", lambda n=native: n)
+        want = "bf16" if native else "fp32"
+        assert precision.model_dtype(cfg) == want and precision.model_dtype(keep) == "bf16"
+        assert precision.runs_bf16(cfg, "actor") is native and precision.runs_bf16(cfg, "sft") is native
+        assert precision.runs_bf16(keep, "actor") and not precision.runs_bf16(keep, "critic")
+        assert not precision.runs_bf16(cfg, "critic")
+        assert precision.effective_dtype("fp16") == "fp16" and precision.effective_dtype("fp32") == "fp32"
+        tags = precision.precision_tags(cfg)
+        assert tags["engine_dtype"] == want and tags["update_dtype"] == want
+    monkeypatch.setattr(precision, "native_bf16", lambda: False)
+    precision._warn_once.cache_clear()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ragen.models.precision"):
+        precision.effective_dtype("bf16", what="actor.compute_dtype")
+        precision.effective_dtype("bf16", what="actor.compute_dtype")
+    warned = [r.getMessage() for r in caplog.records if "runs in fp32" in r.getMessage()]
+    assert len(warned) == 1 and "actor.compute_dtype=bf16" in warned[0] and "emulated_bf16=keep" in warned[0]
+
+
+def test_native_bf16_matches_the_cpu_flags():
+    """The detector agrees with what /proc/cpuinfo says (AVX512-BF16 or AMX) on a CPU-only machine."""
+    import torch
+
+    from ragen.models.precision import hardware, native_bf16
+
+    if torch.cuda.is_available() or not Path("/proc/cpuinfo").is_file():
+        pytest.skip("a CPU-only Linux check")
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    assert native_bf16() is bool({"avx512_bf16", "amx_tile", "amx_bf16"} & flags)
+    assert hardware().startswith("cpu-") and hardware().endswith("-bf16") is native_bf16()

@@ -6,6 +6,7 @@ from typing import Any
 
 from ragen.config import Config
 from ragen.models import ensure_model
+from ragen.models.precision import model_dtype
 from ragen.rollout.engine import Engine
 
 
@@ -26,7 +27,7 @@ def make_engine(cfg: Config, tokenizer: Any, *, model_path: str | None = None, e
     if kind == "vllm":
         from ragen.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(path, dtype=cfg.model.dtype, seed=cfg.trainer.seed, max_model_len=r.max_model_len,
+        return VLLMEngine(path, dtype=model_dtype(cfg), seed=cfg.trainer.seed, max_model_len=r.max_model_len,
                           max_num_batched_tokens=r.max_num_batched_tokens, kv_cache_gib=r.kv_cache_gib,
                           enforce_eager=r.enforce_eager, gpu_memory_utilization=r.gpu_memory_utilization,
                           tensor_parallel_size=r.tensor_parallel_size, enable_prefix_caching=r.enable_prefix_caching,
@@ -35,5 +36,5 @@ def make_engine(cfg: Config, tokenizer: Any, *, model_path: str | None = None, e
         from ragen.rollout.hf_engine import HFEngine
 
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        return HFEngine(path, dtype=cfg.model.dtype, pad_token_id=pad, trust_remote_code=cfg.model.trust_remote_code)
+        return HFEngine(path, dtype=model_dtype(cfg), pad_token_id=pad, trust_remote_code=cfg.model.trust_remote_code)
     raise ValueError(f"rollout.engine must be 'vllm' or 'hf', got {kind!r}")

@@ -39,8 +39,10 @@ _ITER = re.compile(r"^iter_(\d{5})$")
 # (prefixes: where runs are logged and versioned is not part of what they compute)
 # Settings added to the schema after runs were made with the behaviour their default keeps: at that default they
 # are not part of a run's identity, so those runs keep their names (and restarts are not refused) across the addition.
-# (the sync gate's calibration only decides whether a run stops, never what a run that goes on computes)
-LATER_KEYS = {"actor.compute_dtype": "fp32", "critic.compute_dtype": "fp32", "rollout.sync_floor_factor": 2.0}
+# (the sync gate's calibration only decides whether a run stops, never what a run that goes on computes;
+# model.emulated_bf16=fp32 changes nothing on the bf16-native CPU the committed grid ran on)
+LATER_KEYS = {"actor.compute_dtype": "fp32", "critic.compute_dtype": "fp32", "rollout.sync_floor_factor": 2.0,
+              "model.emulated_bf16": "fp32"}
 RESUME_FREE = ("trainer.total_training_steps", "rollout.progress", "tracking.", "diagnostics.")
 
 

@@ -20,6 +20,7 @@ import torch
 
 from ragen.config import Config, SFTConfig
 from ragen.models import ensure_model, load_tokenizer
+from ragen.models.precision import runs_bf16
 from ragen.train.batch import Sequences, sequences_from_rollouts
 from ragen.train.checkpoint import write_checkpoint
 from ragen.train.ds import ensure_distributed, make_engine
@@ -80,7 +81,7 @@ class SFTTrainer:
             model = apply_lora(model, s)
         self.engine = make_engine(model, lr=s.lr, betas=(0.9, 0.999), weight_decay=s.weight_decay,
                                   grad_clip=s.grad_clip, ds_config=s.deepspeed_config)
-        self.bf16 = s.compute_dtype == "bf16"
+        self.bf16 = runs_bf16(cfg, "sft")
         self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
 
     @property

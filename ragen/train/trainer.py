@@ -12,6 +12,7 @@ import torch
 from ragen.algos.filtering import filter_groups
 from ragen.config import Config
 from ragen.models import ensure_model, load_tokenizer
+from ragen.models.precision import model_dtype
 from ragen.rollout.engine import Engine
 from ragen.rollout.sync import DEFAULT_PROBE, GateReport, calibrate_gate, probe_batch, sync_weights
 from ragen.train.batch import sequences_from_rollouts
@@ -63,7 +64,7 @@ class Trainer:
             c = cfg.critic
             self.critic = make_engine(critic, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
                                       grad_clip=c.grad_clip, ds_config=c.deepspeed_config)
-        self.ref = load_reference(base, dtype=cfg.model.dtype, trust_remote_code=trc) if needs_reference(cfg) else None
+        self.ref = load_reference(base, dtype=model_dtype(cfg), trust_remote_code=trc) if needs_reference(cfg) else None
         if src is not None:
             self._load_optimizer_state(src)
         self.probe = probe_batch(renderer, DEFAULT_PROBE) if renderer is not None else None

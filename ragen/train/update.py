@@ -24,6 +24,7 @@ from ragen.algos.advantages import bi_level_gae, gae, group_index, grpo, normali
 from ragen.algos.losses import agg_loss, kl_penalty, policy_terms, value_terms
 from ragen.algos.masked import masked_mean
 from ragen.config import Config
+from ragen.models.precision import runs_bf16
 from ragen.train.batch import MicroBatch, Sequences, bucket_micro_batches, collate, fixed_micro_batches, pad_ragged
 from ragen.train.ds import begin_micro_batch, grad_norm_after_step, grad_norm_before_step
 from ragen.train.models import bf16_autocast, token_logprobs, unwrap
@@ -113,7 +114,7 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
     metrics: dict[str, float] = {}
     lists: dict[str, list[float]] = defaultdict(list)
 
-    actor_bf16, critic_bf16 = cfg.actor.compute_dtype == "bf16", cfg.critic.compute_dtype == "bf16"
+    actor_bf16, critic_bf16 = runs_bf16(cfg, "actor"), runs_bf16(cfg, "critic")
     old_logp = score_batch(actor, seqs, score_mbs, temperature=temp, kind="logp", bf16=actor_bf16)
     metrics["rollout/old_log_prob"] = float(masked_mean(old_logp, mask))
     if seqs.sampled_logprobs is not None:  # engine vs trainer on the sampled tokens (bf16 vs fp32, staleness)
@@ -269,7 +270,7 @@ def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_l
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         lp, ent = token_logprobs(m, mb.input_ids, mb.attention_mask, cfg.rollout.temperature, with_entropy=True,
-                                 bf16=ac.compute_dtype == "bf16")
+                                 bf16=runs_bf16(cfg, "actor"))
         msk = mb.loss_mask
         terms = policy_terms(lp, _rows(old_logp, mb), _rows(adv, mb), ac.clip_ratio_low, ac.clip_ratio_high,
                              ac.clip_ratio_c)
@@ -302,7 +303,7 @@ def _critic_step(cfg: Config, critic: Any, seqs: Sequences, mini: list[int], old
     m.train()
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        with bf16_autocast(cc.compute_dtype == "bf16"):
+        with bf16_autocast(runs_bf16(cfg, "critic")):
             v = m(mb.input_ids, mb.attention_mask)
         v = v.float()
         loss_mat, clipped = value_terms(v, _rows(old_values, mb), _rows(returns, mb), cc.cliprange_value)
