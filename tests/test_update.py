@@ -315,3 +315,20 @@ def test_bf16_zero_trainer_exports_whole_weights_saves_and_resumes(tokenizer, re
     assert (ckpt / "critic" / "model.safetensors").is_file()
     resumed = Trainer(z3, resume=ckpt, renderer=renderer)
     assert all(torch.equal(v, named[k]) for k, v in resumed.named_weights())
+
+
+def test_shipped_deepspeed_configs_resolve_from_any_directory(tmp_path, monkeypatch):
+    """A relative deepspeed_config missing from the working directory falls back to the checkout's shipped file;
+    a config that exists nowhere, or is not JSON, is an error naming the file and the setting."""
+    from ragen.train.ds import load_ds_config
+
+    monkeypatch.chdir(tmp_path)
+    assert load_ds_config("infra/deepspeed/zero2.json", grad_clip=0.5)["zero_optimization"]["stage"] == 2
+    (tmp_path / "infra" / "deepspeed").mkdir(parents=True)
+    (tmp_path / "infra" / "deepspeed" / "zero2.json").write_text('{"zero_optimization": {"stage": 1}}')
+    assert load_ds_config("infra/deepspeed/zero2.json", grad_clip=0.5)["zero_optimization"]["stage"] == 1  # own
+    with pytest.raises(FileNotFoundError, match=r"nope\.json does not exist \(actor/critic.deepspeed_config\)"):
+        load_ds_config("infra/deepspeed/nope.json", grad_clip=1.0)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="bad.json is not valid JSON"):
+        load_ds_config("bad.json", grad_clip=1.0)

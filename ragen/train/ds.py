@@ -68,6 +68,9 @@ def _forget_stale_deepspeed_groups() -> None:
 
 def load_ds_config(path: str | Path, *, grad_clip: float, dtype: str | None = None) -> dict[str, Any]:
     p = Path(path)
+    shipped = Path(__file__).resolve().parents[2] / p  # the checkout's infra/deepspeed/*.json, from any directory
+    if not p.is_file() and not p.is_absolute() and shipped.is_file():
+        p = shipped
     if not p.is_file():
         raise FileNotFoundError(f"DeepSpeed config {p} does not exist (actor/critic.deepspeed_config); the project "
                                 f"ships infra/deepspeed/zero0.json, zero2.json and zero3.json")
