@@ -330,5 +330,5 @@ def test_shipped_deepspeed_configs_resolve_from_any_directory(tmp_path, monkeypa
     with pytest.raises(FileNotFoundError, match=r"nope\.json does not exist \(actor/critic.deepspeed_config\)"):
         load_ds_config("infra/deepspeed/nope.json", grad_clip=1.0)
     (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(ValueError, match="bad.json is not valid JSON"):
+    with pytest.raises(ValueError, match=r"bad\.json is not valid JSON"):
         load_ds_config("bad.json", grad_clip=1.0)
