@@ -79,6 +79,11 @@ def test_flow_versions_tracks_and_continues_a_run(harness, dvc_repo, tmp_path):
     r = client.get_run(out["mlflow_run_id"])
     assert r.info.status == "FINISHED" and r.data.tags["preset"] == "cpu-small"
     assert r.data.tags["dvc/data/iter_00001"] == versioning_md5(run, run.iteration(1))
+    from ragen.config import load_config
+    from ragen.models.precision import hardware, model_dtype
+
+    assert r.data.tags["hardware"] == hardware() and r.data.tags["engine_dtype"] == model_dtype(
+        load_config(None, ["cpu-small"], over))  # what it computed in here
     assert r.data.params["actor.lr"] == "0.001" and r.data.params["envs.train.tags"] == '["SimpleSokoban"]'
     hist = client.get_metric_history(r.info.run_id, "actor/pg_loss")
     assert sorted(m.step for m in hist) == [0, 1]
