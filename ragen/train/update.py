@@ -267,10 +267,11 @@ def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_l
     norm_len = int(seqs.lengths[mini].max())
     m = unwrap(actor)
     m.train()
+    bf16 = runs_bf16(cfg, "actor")
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         lp, ent = token_logprobs(m, mb.input_ids, mb.attention_mask, cfg.rollout.temperature, with_entropy=True,
-                                 bf16=runs_bf16(cfg, "actor"))
+                                 bf16=bf16)
         msk = mb.loss_mask
         terms = policy_terms(lp, _rows(old_logp, mb), _rows(adv, mb), ac.clip_ratio_low, ac.clip_ratio_high,
                              ac.clip_ratio_c)
@@ -301,9 +302,10 @@ def _critic_step(cfg: Config, critic: Any, seqs: Sequences, mini: list[int], old
     n_tokens = float(mask[mini].sum().clamp(min=1))
     m = unwrap(critic)
     m.train()
+    bf16 = runs_bf16(cfg, "critic")
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        with bf16_autocast(runs_bf16(cfg, "critic")):
+        with bf16_autocast(bf16):
             v = m(mb.input_ids, mb.attention_mask)
         v = v.float()
         loss_mat, clipped = value_terms(v, _rows(old_values, mb), _rows(returns, mb), cc.cliprange_value)
