@@ -174,14 +174,14 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
         for _ in range(cc.ppo_epochs):
             for mini in minibatches(cc.ppo_mini_batch_size):
                 step_metrics = _critic_step(cfg, critic, seqs, mini, values, returns, mask, pad_id, rank, world,
-                                            pad_to)
+                                            pad_to, bf16=critic_bf16)
                 _record(result, lists, step_metrics, "critic")
     # -- actor ---------------------------------------------------------------------------------------------
     if iteration >= cfg.trainer.critic_warmup:
         for _ in range(ac.ppo_epochs):
             for mini in minibatches(ac.ppo_mini_batch_size):
                 step_metrics = _actor_step(cfg, actor, seqs, mini, old_logp, ref_logp, adv, mask, pad_id, rank,
-                                           world, pad_to)
+                                           world, pad_to, bf16=actor_bf16)
                 _record(result, lists, step_metrics, "actor")
     for k, v in lists.items():
         finite = [x for x in v if math.isfinite(x)]
@@ -258,7 +258,7 @@ def boundary_steps(engine: Any, seqs: Sequences, local: list[int], cfg_opt: Any,
 
 def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_logp: torch.Tensor,
                 ref_logp: torch.Tensor | None, adv: torch.Tensor, mask: torch.Tensor, pad_id: int, rank: int,
-                world: int, pad_to: int | None = None) -> dict[str, float]:
+                world: int, pad_to: int | None = None, *, bf16: bool) -> dict[str, float]:
     ac = cfg.actor
     mini_mask = mask[mini]
     n_tokens = float(mini_mask.sum().clamp(min=1))
@@ -267,7 +267,6 @@ def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_l
     norm_len = int(seqs.lengths[mini].max())
     m = unwrap(actor)
     m.train()
-    bf16 = runs_bf16(cfg, "actor")
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         lp, ent = token_logprobs(m, mb.input_ids, mb.attention_mask, cfg.rollout.temperature, with_entropy=True,
@@ -297,12 +296,11 @@ def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_l
 
 def _critic_step(cfg: Config, critic: Any, seqs: Sequences, mini: list[int], old_values: torch.Tensor,
                  returns: torch.Tensor, mask: torch.Tensor, pad_id: int, rank: int, world: int,
-                 pad_to: int | None = None) -> dict[str, float]:
+                 pad_to: int | None = None, *, bf16: bool) -> dict[str, float]:
     cc = cfg.critic
     n_tokens = float(mask[mini].sum().clamp(min=1))
     m = unwrap(critic)
     m.train()
-    bf16 = runs_bf16(cfg, "critic")
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         with bf16_autocast(bf16):
