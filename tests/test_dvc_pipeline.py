@@ -6,8 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
+pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 DVC = str(Path(sys.executable).with_name("dvc"))
 

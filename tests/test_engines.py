@@ -14,7 +14,7 @@ from ragen.rollout.hf_engine import HFEngine
 from ragen.rollout.runner import collect
 from ragen.rollout.sync import DEFAULT_PROBE, SyncGateError, check_gate, probe_batch, sync_weights
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 TOL = {"mean_tol": 0.01, "max_tol": 0.05}  # fp32 engine vs fp32 trainer: kernel rounding only
 

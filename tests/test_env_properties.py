@@ -1,10 +1,13 @@
 """Property tests: random seeds and random action sequences keep every env inside its contract."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen.envs import get_tag
 from ragen.envs.sokoban import optimal_length
+
+pytestmark = pytest.mark.unit
 
 SOKOBAN_REWARDS = {-0.1, 0.9, -1.1, 10.9}
 

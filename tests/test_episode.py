@@ -9,6 +9,8 @@ from ragen.agent.episode import Episode
 from ragen.config import AgentConfig
 from ragen.envs import get_tag
 
+pytestmark = pytest.mark.unit
+
 ROOM = "#######\n#P__XO#\n#_____#\n#######"  # Right, Right walk to the box; a third Right solves it
 
 

@@ -25,6 +25,8 @@ from ragen.report.ablations import (
     write_report,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def test_wilson_matches_hand_values():
     # 8 of 10, z = 1.96: centre (0.8 + 0.19208) / 1.38416 = 0.71674, half 1.96 * sqrt(0.025604) / 1.38416 = 0.22658

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from test_loop import TINY
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ from ragen.envs import get_tag
 from ragen.envs.bandit import BanditEnv
 from ragen.envs.frozen_lake import FrozenLakeEnv, random_map, shortest_path_length
 
+pytestmark = pytest.mark.unit
+
 LEFT, DOWN, RIGHT, UP = 1, 2, 3, 4
 OPEN = ["FFFFF", "FFFFF", "FFSFF", "FFFFF", "FFFFG"]
 

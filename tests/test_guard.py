@@ -16,6 +16,7 @@ def cfg_with(*extra):
     return load_config(None, ["cpu-small"], ["guard.enabled=true", *extra])
 
 
+@pytest.mark.unit
 def test_signals_and_streak_by_hand():
     on = {"echo/std_collapse": 1.0, "echo/grad_spike": 0.0, "echo/entropy_rise": 1.0}
     assert guard.signals_on(on, ["std_collapse", "grad_spike"]) == ["std_collapse"]
@@ -26,6 +27,7 @@ def test_signals_and_streak_by_hand():
     assert guard.streak([], ["grad_spike"]) == 0
 
 
+@pytest.mark.unit
 def test_entropy_rise_is_the_blow_up_direction_only():
     from ragen.algos.echo_trap import echo_trap
 
@@ -38,6 +40,7 @@ def test_entropy_rise_is_the_blow_up_direction_only():
     assert down["echo/entropy_rise"] == 0.0 and down["echo/entropy_shift"] == 1.0  # sharpening is not a blow-up
 
 
+@pytest.mark.unit
 def test_guard_config_is_checked():
     with pytest.raises(ConfigError, match="choose from std_collapse"):
         cfg_with("guard.signals=[std_colapse]")
@@ -45,6 +48,7 @@ def test_guard_config_is_checked():
         cfg_with("guard.lr_scale=2")
 
 
+@pytest.mark.unit
 def test_an_idle_guard_does_not_rename_runs():
     base = load_config(None, ["cpu-small"], ["guard.enabled=false"])
     assert config_name(base) == config_name(load_config(None, ["cpu-small"], ["guard.enabled=false",
@@ -66,6 +70,7 @@ def fake_run(tmp_path, done, checkpoints):
     return run
 
 
+@pytest.mark.unit
 def test_roll_back_archives_and_resumes_from_the_healthy_checkpoint(tmp_path):
     cfg = cfg_with("guard.max_rollbacks=2", "guard.lr_scale=0.5", "guard.overrides=[algorithm.filter_ratio=0.5]")
     run = fake_run(tmp_path, range(6), [1, 3, 5])
@@ -91,12 +96,14 @@ def test_roll_back_archives_and_resumes_from_the_healthy_checkpoint(tmp_path):
         guard.roll_back(run, cfg, guard.GuardState.read(run), at=2, first_bad=2, signals=["grad_spike"])
 
 
+@pytest.mark.unit
 def test_without_a_checkpoint_the_run_restarts_from_the_base_model(tmp_path):
     run = fake_run(tmp_path, range(3), [])
     ev = guard.roll_back(run, cfg_with(), guard.GuardState(), at=2, first_bad=1, signals=["std_collapse"])
     assert ev.to == -1 and run.completed() == [] and run.resume_state() is None
 
 
+@pytest.mark.unit
 def test_a_damaged_guard_file_names_the_fix(tmp_path):
     run = fake_run(tmp_path, [0], [])
     (run.root / guard.GUARD_FILE).write_text("{not json")
@@ -104,7 +111,7 @@ def test_a_damaged_guard_file_names_the_fix(tmp_path):
         guard.GuardState.read(run)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_the_loop_rolls_back_then_gives_up(tmp_path):
     """A tiny run whose thresholds make every iteration a 'collapse' (std ratio < 100 from iteration 1): the guard
     rolls back twice (learning rates x0.5, x0.25), then stops with GuardGaveUp; nothing completed is lost."""
@@ -128,7 +135,7 @@ def test_the_loop_rolls_back_then_gives_up(tmp_path):
     assert guard.effective_config(cfg, state).actor.lr == pytest.approx(cfg.actor.lr * 0.25)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_the_flow_logs_rollbacks_to_mlflow(tmp_path):
     """The Prefect flow path: the rollback reaches MLflow (metric guard/rollbacks, a tag per event) and a run
     that recovers (patience 2 over a 2-iteration horizon never trips twice) finishes."""
@@ -153,6 +160,7 @@ def test_the_flow_logs_rollbacks_to_mlflow(tmp_path):
     assert [m.value for m in client.get_metric_history(r.info.run_id, "guard/rollbacks")] == [1.0]
 
 
+@pytest.mark.unit
 def test_schema_additions_keep_existing_run_names():
     """Runs made before a setting existed keep their names when it sits at the default that reproduces them
     (LATER_KEYS, the idle guard): here the committed cpu-small grid run of StarPO-S on Bandit (reports/grid/) and

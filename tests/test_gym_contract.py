@@ -5,6 +5,8 @@ from gymnasium.utils.env_checker import check_env
 import ragen.envs  # noqa: F401  (registers the ids)
 from ragen.envs import BUILTIN_TAGS, resolve_tags
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("tag", sorted(BUILTIN_TAGS))
 def test_every_tag_passes_check_env(tag):

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT = ROOT / "infra" / "prefect"
 TEMPLATES = {"ragen-docker": "docker-job-template.json", "ragen-k8s": "k8s-job-template.json"}

@@ -11,6 +11,8 @@ from ragen.envs.instances import (
 )
 from ragen.envs.seeding import dynamics_seed, group_base_seed, layout_rng, member_stream
 
+pytestmark = pytest.mark.unit
+
 
 def test_group_base_seed_follows_head_schedule():
     assert group_base_seed("train", 0, 8, 10000) == 10000

@@ -4,6 +4,10 @@
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 CHECK = """
 import importlib, pkgutil, sys
 import ragen

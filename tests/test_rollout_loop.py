@@ -17,6 +17,8 @@ from ragen.rollout.runner import collect, instances_for
 from ragen.rollout.scripted import ScriptedEngine
 from ragen.rollout.table import COLUMNS, dense_rewards, read_rollouts, rollouts_frame, write_rollouts
 
+pytestmark = pytest.mark.unit
+
 SMALL_BATCH = ["algorithm.filter_ratio=1.0", "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2",
                # multi-turn with thinking (cpu-small itself is 1-turn no-think Bandit)
                "agent.max_turn=5", "agent.max_actions_per_turn=5", "agent.enable_think=true"]

@@ -16,6 +16,8 @@ from ragen.run.rundir import (
     storage_failure,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def complete(run, k, state=True):
     run.iteration(k).mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ def sft_cfg(*extra, tags="[Bandit,SimpleSokoban,FrozenLake]"):
 
 
 # -- planner ----------------------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_transitions_follow_the_slip_rule():
     P = transition_matrices(["SF", "HG"])
     # from S (cell 0) pressing Right (3): Right -> cell 1, Up -> stays (off grid), Down -> the hole (cell 2)
@@ -32,6 +33,7 @@ def test_transitions_follow_the_slip_rule():
     assert transition_matrices(["SF", "HG"], is_slippery=False)[3][0].tolist() == [0, 1, 0, 0]
 
 
+@pytest.mark.unit
 def test_planner_values_by_hand():
     # S F / F G, one turn of one action from S: Down or Right reach... nothing in one step (G is diagonal)
     p = FrozenLakePlanner(["SF", "FG"], per_turn=1)
@@ -46,6 +48,7 @@ def test_planner_values_by_hand():
     assert q.success_probability(0, 1, 2) == 1.0 and len(q.plan(0, 1, 2)) == 2
 
 
+@pytest.mark.unit
 def test_planner_probability_matches_the_env_dynamics():
     """The closed-loop turn plans, played in the real env (gymnasium's slips), succeed as often as the planner
     says: the planner's transition model is the env's."""
@@ -82,6 +85,7 @@ def demos(renderer):
     return cfg, make_demos(cfg, renderer)
 
 
+@pytest.mark.unit
 def test_demos_replay_in_the_env_to_success(demos):
     """Replaying each demo's executed actions from the same seed (same slips) gives the recorded outcome; every
     Sokoban and FrozenLake demo succeeds."""
@@ -108,6 +112,7 @@ def test_demos_replay_in_the_env_to_success(demos):
         assert all(len(a) <= cfg.sft.max_actions_per_turn for a in row.turn_actions)
 
 
+@pytest.mark.unit
 def test_every_demo_parses_with_the_project_parser(demos):
     cfg, df = demos
     agent = demo_agent(cfg)
@@ -123,6 +128,7 @@ def test_every_demo_parses_with_the_project_parser(demos):
         assert not any(row.turn_format_error) and row.num_format_errors == 0
 
 
+@pytest.mark.unit
 def test_loss_mask_covers_the_assistant_tokens_only(demos, renderer):
     _, df = demos
     prefix_len = len("<think>")
@@ -135,6 +141,7 @@ def test_loss_mask_covers_the_assistant_tokens_only(demos, renderer):
         assert np.asarray(row.input_ids)[mask].tolist() == expected
 
 
+@pytest.mark.unit
 def test_bandit_demos_choose_arms_uniformly_and_never_by_payout(renderer):
     cfg = sft_cfg("sft.n_train=200", "sft.n_test=0", tags="[Bandit]")
     df = make_demos(cfg, renderer)
@@ -147,6 +154,7 @@ def test_bandit_demos_choose_arms_uniformly_and_never_by_payout(renderer):
     assert "risk" not in think.lower() and "pays more" not in think.lower()
 
 
+@pytest.mark.unit
 def test_sokoban_instances_beyond_the_budget_are_skipped(renderer):
     cfg = sft_cfg("sft.max_turn=1", "sft.max_actions_per_turn=2", "sft.n_train=3", "sft.n_test=0",
                   tags="[SimpleSokoban]")
@@ -154,6 +162,7 @@ def test_sokoban_instances_beyond_the_budget_are_skipped(renderer):
     assert len(df) == 3 and all(len(a[0]) <= 2 for a in df["turn_actions"]) and df["success"].all()
 
 
+@pytest.mark.unit
 def test_play_demo_without_think_answers_only(renderer):
     cfg = sft_cfg("sft.enable_think=false")
     d = play_demo(get_tag("SimpleSokoban"), demo_agent(cfg), renderer, seed=5)
@@ -161,6 +170,7 @@ def test_play_demo_without_think_answers_only(renderer):
 
 
 # -- warm-start resolution --------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_warm_start_resolution(tmp_path):
     off = sft_cfg("model.warm_start=off", "agent.enable_think=true")
     assert not pipeline.uses_warm_start(off) and pipeline.warm_start_path(off) is None
@@ -188,6 +198,7 @@ def test_warm_start_resolution(tmp_path):
         pipeline.warm_start_path(sft_cfg(f"model.warm_start={tmp_path / 'nothing'}"))
 
 
+@pytest.mark.unit
 def test_one_warm_start_serves_runs_that_change_built_in_tags(renderer):
     """The granularity ablation varies SimpleSokoban's action budget per run: all start from one warm-start, whose
     demos keep the built-in budget; a tag that envs.custom defines (and sft.tags lists) is the demos' own."""
@@ -221,6 +232,7 @@ TINY_SFT = [f"model.base={TINY_MODEL}", "sft.n_train=6", "sft.n_test=2", "sft.mi
             "sft.compute_dtype=fp32", "sft.max_actions_per_turn=3"]
 
 
+@pytest.mark.unit
 def test_masked_loss_equals_token_logprobs_over_the_mask(demos):
     from ragen.models import ensure_model
     from ragen.sft.train import masked_nll
@@ -239,7 +251,7 @@ def test_masked_loss_equals_token_logprobs_over_the_mask(demos):
     assert float(nll) == pytest.approx(-float((lp * mb.loss_mask).sum()), rel=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("lora", [0, 8])
 def test_sft_lowers_the_demo_loss_and_saves_a_loadable_model(tmp_path, lora):
     from safetensors.torch import load_file
@@ -275,7 +287,7 @@ def test_sft_lowers_the_demo_loss_and_saves_a_loadable_model(tmp_path, lora):
     assert torch.equal(w[k], tuned[k])
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_sft_flow_demos_train_evaluate_version_and_log(tmp_path, dvc_repo):
     """The Prefect flow ragen-sft with real vLLM + DeepSpeed + DVC + MLflow on the tiny model."""
     import mlflow
@@ -306,7 +318,7 @@ def test_sft_flow_demos_train_evaluate_version_and_log(tmp_path, dvc_repo):
     assert {a.path for a in client.list_artifacts(r.info.run_id, "sft")} >= {"sft/eval_after.json", "sft/sft.json"}
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_rl_with_thinking_starts_from_the_auto_warm_start(tmp_path):
     """model.warm_start=auto with thinking on: the loop makes the SFT checkpoint first, RL starts from its actor
     (weights after a near-zero-lr iteration equal the SFT weights, not the base's), and a second run reuses it."""
@@ -337,6 +349,7 @@ def test_rl_with_thinking_starts_from_the_auto_warm_start(tmp_path):
     assert (ck / "checkpoint-complete").stat().st_mtime == stamp  # reused, not made again
 
 
+@pytest.mark.unit
 def test_sft_settings_are_not_part_of_a_run_that_does_not_warm_start(tmp_path):
     """A run from before the SFT settings existed still resumes, and a run without a warm-start keeps its name
     whatever the sft section says; with a warm-start the SFT settings are part of the run."""

@@ -12,6 +12,8 @@ from ragen.envs.sokoban import Room, SokobanEnv, generate_room, optimal_length, 
 from ragen.envs.sokoban.generator import reverse_play, room_topology
 from ragen.envs.sokoban.room import DEFAULT_GRID_VOCAB
 
+pytestmark = pytest.mark.unit
+
 UP, DOWN, LEFT, RIGHT = 1, 2, 3, 4
 
 CORRIDOR = """
@@ -181,7 +183,6 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.slow
 def test_generation_is_deterministic_across_processes():
     """Different hash seeds per process must not change any room (no salted hash anywhere)."""
     outs = []
@@ -193,7 +194,6 @@ def test_generation_is_deterministic_across_processes():
     assert outs[0] == outs[1]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("tag", ["SimpleSokoban", "LargerSokoban", "SokobanDifferentGridVocab"])
 def test_500_generated_rooms_are_bfs_solvable(tag, capsys):
     spec = get_tag(tag)

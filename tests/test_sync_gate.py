@@ -10,6 +10,8 @@ from ragen.models import TINY_MODEL, ensure_model, load_tokenizer
 from ragen.rollout.hf_engine import HFEngine
 from ragen.rollout.sync import DEFAULT_PROBE, SyncGateError, calibrate_gate, gate_tolerance, probe_batch, sync_weights
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("mean_tol,floor,factor,want", [
     (0.15, None, 2.0, 0.15),   # not calibrated: the fixed tolerance

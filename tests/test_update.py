@@ -19,6 +19,7 @@ SMALL = ["algorithm.filter_ratio=1.0", "actor.ppo_mini_batch_size=4", "critic.pp
          "critic.gradient_checkpointing=false"]
 
 
+@pytest.mark.unit
 def test_bucketing_respects_budget_and_covers_everything():
     lengths = [100, 30, 95, 40, 200, 35]
     mbs = bucket_micro_batches(lengths, token_budget=200)
@@ -29,6 +30,34 @@ def test_bucketing_respects_budget_and_covers_everything():
     assert fixed_micro_batches(5, 2) == [[0, 1], [2, 3], [4]]
     padded = sum(len(b) * max(lengths[i] for i in b) for b in mbs)
     assert padded < sum(len(c) * 200 for c in fixed_micro_batches(6, 2))
+
+
+@pytest.mark.unit
+def test_output_layer_at_the_masked_positions_only_equals_the_whole_forward_there():
+    """token_logprobs(positions=mask): the logprobs and entropies of the masked tokens as the full forward pass
+    computes them, 0 everywhere else, and gradients that reach the weights; a model that scales its logits
+    (here: a softcapping config) takes the full pass."""
+    from ragen.train.models import plain_output_layer, token_logprobs
+
+    torch.manual_seed(0)
+    model = load_actor(ensure_model(TINY_MODEL))
+    ids = torch.randint(3, 1000, (2, 12))
+    attn = torch.ones_like(ids)
+    attn[1, 9:] = 0  # right padding
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[0, [3, 4, 11]] = True
+    mask[1, [0, 5, 10]] = True  # position 0 is predicted by nothing; 10 is padding
+    full_lp, full_ent = token_logprobs(model, ids, attn, temperature=0.7, with_entropy=True)
+    lp, ent = token_logprobs(model, ids, attn, temperature=0.7, with_entropy=True, positions=mask)
+    kept = mask & attn.bool()
+    kept[:, 0] = False
+    assert torch.allclose(lp[kept], full_lp[kept], atol=1e-5) and torch.allclose(ent[kept], full_ent[kept], atol=1e-5)
+    assert not lp[~kept].any() and not ent[~kept].any() and lp.shape == ids.shape
+    lp[kept].sum().backward()
+    assert model.get_output_embeddings().weight.grad.abs().sum() > 0
+    assert plain_output_layer(model)
+    model.config.final_logit_softcapping = 30.0
+    assert not plain_output_layer(model)
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +86,7 @@ def flat(engine):
     return torch.cat([p.detach().flatten() for p in engine.module.parameters()])
 
 
+@pytest.mark.integration
 def test_plain_update_metrics_and_steps(batch, tokenizer):
     cfg, seqs = batch
     actor, critic = engines(cfg, "plain")
@@ -73,6 +103,7 @@ def test_plain_update_metrics_and_steps(batch, tokenizer):
     assert m["actor/entropy_loss"] > 0 and not torch.equal(before, flat(actor))
 
 
+@pytest.mark.integration
 def test_deepspeed_zero0_equals_plain_torch(batch, tokenizer):
     cfg, seqs = batch
     pa, pc = engines(cfg, "plain")
@@ -84,6 +115,7 @@ def test_deepspeed_zero0_equals_plain_torch(batch, tokenizer):
     assert rp.lists["actor/grad_norm"] == pytest.approx(rd.lists["actor/grad_norm"], rel=1e-5)
 
 
+@pytest.mark.integration
 def test_micro_batching_does_not_change_the_update(batch, tokenizer):
     _, seqs = batch
     bucketed = load_config(None, ["cpu-small"], [*SMALL, "actor.micro_batch_tokens=3000",
@@ -99,6 +131,7 @@ def test_micro_batching_does_not_change_the_update(batch, tokenizer):
         assert results[0][k] == pytest.approx(results[1][k], rel=1e-4, abs=1e-7), k
 
 
+@pytest.mark.integration
 def test_bf16_autocast_update_is_close_to_fp32(batch, tokenizer):
     """actor/critic.compute_dtype=bf16 autocasts the forward passes (weights and optimizer stay fp32): the first
     mini-batch still has pi == pi_old exactly (scoring and training share the numerics), and every mini-batch's
@@ -120,6 +153,7 @@ def test_bf16_autocast_update_is_close_to_fp32(batch, tokenizer):
     assert old[0] == pytest.approx(old[1], rel=0.02) and old[0] != old[1]  # close, and bf16 did run
 
 
+@pytest.mark.integration
 def test_non_finite_loss_skips_the_step(batch, tokenizer):
     cfg, seqs = batch
     a, cr = engines(cfg, "plain")
@@ -130,6 +164,7 @@ def test_non_finite_loss_skips_the_step(batch, tokenizer):
     assert np.isnan(res.metrics["actor/grad_norm"])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind,zero", [("plain", None), ("ds", "infra/deepspeed/zero0.json"),
                                        ("ds", "infra/deepspeed/zero2.json")])
 def test_non_finite_gradient_with_finite_loss_skips_the_step(batch, tokenizer, kind, zero):
@@ -144,6 +179,7 @@ def test_non_finite_gradient_with_finite_loss_skips_the_step(batch, tokenizer, k
     assert np.isnan(res.metrics["actor/grad_norm"])
 
 
+@pytest.mark.integration
 def test_grpo_needs_no_critic(batch, tokenizer):
     _, seqs = batch
     g = load_config(None, ["cpu-small"], [*SMALL, "algorithm.adv_estimator=grpo"])
@@ -168,11 +204,17 @@ def run_ranks(tmp_path, n, zero):
     return torch.load(out)
 
 
-@pytest.mark.slow
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """The one-rank update every ZeRO stage's two ranks are compared with (run once, not once per stage)."""
+    return run_ranks(tmp_path_factory.mktemp("one-rank"), 1, "infra/deepspeed/zero0.json")
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("zero", ["infra/deepspeed/zero0.json", "infra/deepspeed/zero2.json",
                                   "infra/deepspeed/zero3.json"])
-def test_two_ranks_give_the_one_rank_update(tmp_path, zero):
-    one = run_ranks(tmp_path, 1, "infra/deepspeed/zero0.json")
+def test_two_ranks_give_the_one_rank_update(tmp_path, one_rank, zero):
+    one = one_rank
     two = run_ranks(tmp_path, 2, zero)
     assert two["world"] == 2
     for part in ("actor", "critic"):
@@ -181,6 +223,7 @@ def test_two_ranks_give_the_one_rank_update(tmp_path, zero):
     assert one["lists"]["actor/pg_loss"] == pytest.approx(two["lists"]["actor/pg_loss"], rel=1e-4, abs=1e-7)
 
 
+@pytest.mark.integration
 def test_trainer_checkpoint_resume_equals_uninterrupted(batch, tokenizer, renderer, tmp_path):
     from ragen.train.trainer import Trainer
 
@@ -226,7 +269,7 @@ def two_proportion_z(k1, n1, k2, n2):
     return (p2 - p1) / se if se > 0 else 0.0
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.timeout(3300)
 def test_starpo_s_raises_the_high_risk_arm_rate_on_bandit():
     """On the same 128 validation seeds, four StarPO-S iterations with the bundled SmolLM2 raise the high-risk-arm
@@ -267,6 +310,7 @@ LEARNING = ["envs.train.n_groups=[32]", "envs.train.group_size=16", "algorithm.f
             "envs.group_rng=independent", "actor.lr=2e-5", "guard.enabled=false"]  # StarPO-S alone
 
 
+@pytest.mark.unit
 def test_token_rewards_place_the_normalised_score_on_the_last_turn_end():
     from ragen.train.batch import Sequences
     from ragen.train.update import token_rewards
@@ -292,7 +336,7 @@ def test_token_rewards_place_the_normalised_score_on_the_last_turn_end():
     assert identity[2, 4].item() == 3.0 and identity[1].abs().sum() == 0
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("zero", ["zero2", "zero3"])
 def test_bf16_zero_trainer_exports_whole_weights_saves_and_resumes(tokenizer, renderer, tmp_path, zero):
     """The GPU configs (bf16 mixed precision; the paper preset's ZeRO-2, and ZeRO-3, which partitions the
@@ -317,6 +361,7 @@ def test_bf16_zero_trainer_exports_whole_weights_saves_and_resumes(tokenizer, re
     assert all(torch.equal(v, named[k]) for k, v in resumed.named_weights())
 
 
+@pytest.mark.unit
 def test_shipped_deepspeed_configs_resolve_from_any_directory(tmp_path, monkeypatch):
     """A relative deepspeed_config missing from the working directory falls back to the checkout's shipped file;
     a config that exists nowhere, or is not JSON, is an error naming the file and the setting."""

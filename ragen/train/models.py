@@ -72,20 +72,47 @@ def bf16_autocast(enabled: bool) -> torch.autocast:
     return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16, enabled=enabled)
 
 
+def plain_output_layer(model: nn.Module) -> bool:
+    """Whether the model's logits are just its output embedding applied to the decoder's last hidden states
+    (Llama, Qwen, SmolLM): then the output layer may run on a subset of positions. Models that scale or cap
+    their logits (Gemma's softcapping, Cohere's logit_scale) take the whole forward pass."""
+    cfg = getattr(model, "config", None)
+    return (hasattr(model, "get_decoder") and model.get_output_embeddings() is not None
+            and not getattr(cfg, "final_logit_softcapping", None) and getattr(cfg, "logit_scale", None) in (None, 1.0))
+
+
 def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, with_entropy: bool = False,
-                   bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   temperature: float = 1.0, with_entropy: bool = False, bf16: bool = False,
+                   positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log pi(token t | tokens < t) of a causal LM at ``temperature`` (b, L), position 0 = 0; and the
     entropy of each predictive distribution (same alignment) if asked. ``bf16`` autocasts the forward pass; the
-    softmax terms are computed from fp32 logits either way."""
+    softmax terms are computed from fp32 logits either way.
+
+    ``positions`` (b, L) bool, e.g. a loss mask: only these tokens' values are needed, so the output layer and
+    the softmax over the vocabulary run only where they are predicted, and every other position holds 0. The
+    prompt is most of a multi-turn trajectory and the vocabulary projection most of a small model's compute."""
+    if positions is None or not plain_output_layer(model):
+        with bf16_autocast(bf16):
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+        logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        lp = torch.nn.functional.pad(logprobs_from_logits(logits, input_ids[:, 1:]), (1, 0))
+        ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
+        return lp, ent
+    target = (positions.bool() & attention_mask.bool())[:, 1:]  # token t + 1 is predicted at position t
     with bf16_autocast(bf16):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+        h = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = model.get_output_embeddings()(h[:, :-1][target])
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
-    lp = torch.nn.functional.pad(logprobs_from_logits(logits, input_ids[:, 1:]), (1, 0))
-    ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
-    return lp, ent
+
+    def place(values: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(values.new_zeros(target.shape).masked_scatter(target, values), (1, 0))
+
+    lp = place(logprobs_from_logits(logits, input_ids[:, 1:][target]))
+    return lp, place(entropy_from_logits(logits)) if with_entropy else None
 
 
 def unwrap(model: Any) -> nn.Module:

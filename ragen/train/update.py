@@ -59,8 +59,8 @@ def _rows(full: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
 @torch.no_grad()
 def score_batch(model: Any, seqs: Sequences, mbs: list[MicroBatch], *, temperature: float,
                 kind: str, bf16: bool = False) -> torch.Tensor:
-    """Old/ref logprobs (kind='logp') or values (kind='value') for every trajectory, (B, Lmax), fp32; ``bf16``
-    autocasts the forward passes as the training step that uses them does."""
+    """Old/ref logprobs (kind='logp', at the loss-masked tokens, 0 elsewhere) or values (kind='value') for every
+    trajectory, (B, Lmax), fp32; ``bf16`` autocasts the forward passes as the training step that uses them does."""
     out = torch.zeros((len(seqs), int(seqs.lengths.max())), dtype=torch.float32)
     m = unwrap(model)
     was_training = m.training
@@ -71,7 +71,8 @@ def score_batch(model: Any, seqs: Sequences, mbs: list[MicroBatch], *, temperatu
                 v = m(mb.input_ids, mb.attention_mask)
             v = v.float()
         else:
-            v, _ = token_logprobs(m, mb.input_ids, mb.attention_mask, temperature, bf16=bf16)
+            v, _ = token_logprobs(m, mb.input_ids, mb.attention_mask, temperature, bf16=bf16,
+                                  positions=mb.loss_mask)  # only the trained tokens' logprobs are read
         out[mb.index, :v.shape[1]] = v.float() * mb.attention_mask
     m.train(was_training)
     return out
@@ -270,7 +271,7 @@ def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_l
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         lp, ent = token_logprobs(m, mb.input_ids, mb.attention_mask, cfg.rollout.temperature, with_entropy=True,
-                                 bf16=bf16)
+                                 bf16=bf16, positions=mb.loss_mask)
         msk = mb.loss_mask
         terms = policy_terms(lp, _rows(old_logp, mb), _rows(adv, mb), ac.clip_ratio_low, ac.clip_ratio_high,
                              ac.clip_ratio_c)

@@ -1,0 +1,210 @@
+"""``ragen bench learn``: learning measured as a benchmark, not a test. A fresh run (the plain loop: real rollout
+engine and DeepSpeed, no orchestrator) trains for a number of iterations while a fixed seed panel is scored before
+training, at every ``trainer.test_freq`` and after the last iteration. The result is one JSON object: per panel
+tag the success rate before and after with 95% Wilson intervals, their difference with its 95% Newcombe interval
+and the format-error rates; wall time, seconds per iteration and the update's share of them; and the settings
+that produced it. The learning curve (train and panel success and score per update) is written as CSV beside it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ragen.config import Config, load_config
+from ragen.eval.metrics import panel_metrics
+from ragen.eval.panels import VAL_SEED, make_panel, read_panel, write_panel
+from ragen.eval.stats import rate_difference, wilson
+from ragen.run.iteration import EVAL_INIT, panel_eval_dir
+from ragen.run.rundir import RunDir, write_json
+
+RESULT_JSON = "learn.json"
+CURVE_CSV = "curve.csv"
+PANEL_JSON = "panel.json"
+RUN_NAME = "run"
+DEFAULT_PANEL_SIZE = 128  # seeds per tag: a 95% interval of about +-8 pp at a 30% rate
+CURVE_FIELDS = ("updates", "split", "tag", "n", "success", "success_lo", "success_hi", "score", "format_error_rate")
+# --quick: a smoke run of a few minutes on the real model (4 groups x 4 rollouts, 2 iterations, 16-seed panel)
+QUICK = ("envs.train.n_groups=[4]", "envs.train.group_size=4", "actor.ppo_mini_batch_size=4",
+         "critic.ppo_mini_batch_size=4", "trainer.test_freq=1")
+QUICK_ITERATIONS = 2
+QUICK_PANEL_SIZE = 16
+
+
+@dataclass(frozen=True)
+class LearnSpec:
+    """What to train and score: the config sources, iterations, the panel (a file, or seeds per tag) and where
+    the run and the results go."""
+
+    params: str | None = None
+    presets: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()
+    iterations: int | None = None  # None: the config's trainer.total_training_steps
+    panel: str | None = None  # a panel file; None: made with panel_size seeds for each of ``tags``
+    panel_size: int = DEFAULT_PANEL_SIZE
+    tags: tuple[str, ...] | None = None  # panel tags; None: the config's eval.tags, else envs.val.tags
+    out: str = "bench-learn"
+    quick: bool = False
+    keep_checkpoints: bool = False
+    experiment: str | None = None  # recorded in the result (the caller resolved it into presets/overrides)
+
+
+def resolve_config(spec: LearnSpec, out: Path) -> tuple[Config, Path]:
+    """The run's config (the spec's sources, --quick, the iterations, a fresh run directory under ``out`` and the
+    panel written there) and the panel file it scores."""
+    quick = list(QUICK) if spec.quick else []
+    iterations = spec.iterations if spec.iterations is not None else (QUICK_ITERATIONS if spec.quick else None)
+    base = load_config(spec.params, spec.presets, [*quick, *spec.overrides])  # bad settings fail here, early
+    if spec.panel is not None:
+        panel = read_panel(spec.panel, known_tags=list(base.tag_specs()))
+        if spec.tags:
+            panel = panel.select(list(spec.tags))
+    else:
+        tags = list(spec.tags or base.eval.tags or base.envs.val.tags)
+        size = QUICK_PANEL_SIZE if spec.quick and spec.panel_size == DEFAULT_PANEL_SIZE else spec.panel_size
+        panel = make_panel(f"bench-{size}", tags, size, base_seed=VAL_SEED)
+        unknown = [t for t in tags if t not in base.tag_specs()]
+        if unknown:
+            raise ValueError(f"--tags: unknown env tag(s) {unknown}; known: {', '.join(sorted(base.tag_specs()))}")
+    panel_path = write_panel(panel, out / PANEL_JSON)
+    run_overrides = [f"trainer.run_dir={out}", f"eval.panel={panel_path}", f"eval.tags={json.dumps(panel.tags)}",
+                     "trainer.val_before_train=true"]
+    if iterations is not None:
+        run_overrides.append(f"trainer.total_training_steps={iterations}")
+    cfg = load_config(spec.params, spec.presets, [*quick, *spec.overrides, *run_overrides])
+    return cfg, panel_path
+
+
+def tag_change(before: pd.DataFrame, after: pd.DataFrame, tag: str) -> dict[str, Any]:
+    """One tag's success before and after (Wilson 95%), the difference (Newcombe 95%) and format-error rates."""
+    b, a = before[before["tag"] == tag], after[after["tag"] == tag]
+    hb, ha = int(b["success"].astype(bool).sum()), int(a["success"].astype(bool).sum())
+    nb, na = len(b), len(a)
+    mb, ma = panel_metrics(b), panel_metrics(a)
+    d, lo, hi = rate_difference(ha, na, hb, nb)
+    return {"n": na, "n_before": nb, "before": hb / nb, "before_ci": list(wilson(hb, nb)), "after": ha / na,
+            "after_ci": list(wilson(ha, na)), "diff": d, "diff_ci": [lo, hi],
+            "format_errors_before": mb[f"{tag}/format_error_rate"],
+            "format_errors_after": ma[f"{tag}/format_error_rate"],
+            "score_before": mb[f"{tag}/reward"], "score_after": ma[f"{tag}/reward"]}
+
+
+def _frame_rows(df: pd.DataFrame, updates: int, split: str) -> list[dict[str, Any]]:
+    rows = []
+    for tag, sub in df.groupby("tag", sort=False):
+        m = panel_metrics(sub)
+        rows.append({"updates": updates, "split": split, "tag": tag, "n": len(sub), "success": m[f"{tag}/success"],
+                     "success_lo": m[f"{tag}/success_lo"], "success_hi": m[f"{tag}/success_hi"],
+                     "score": m[f"{tag}/reward"], "format_error_rate": m[f"{tag}/format_error_rate"]})
+    return rows
+
+
+def curve_rows(run: RunDir) -> list[dict[str, Any]]:
+    """Per update count: the train rollouts sampled after that many updates (split ``train``) and every panel
+    evaluation (split ``panel``): before training at 0 updates, after iteration k at k + 1."""
+    from ragen.rollout.table import read_rollouts
+
+    rows = []
+    init = panel_eval_dir(run.root / EVAL_INIT) / "rollouts.parquet"
+    if init.is_file():
+        rows += _frame_rows(read_rollouts(init), 0, "panel")
+    for k in run.completed():
+        train = run.iteration(k) / "rollouts.parquet"
+        if train.is_file():
+            rows += _frame_rows(read_rollouts(train), k, "train")
+        panel = panel_eval_dir(run.iteration(k) / "eval.json") / "rollouts.parquet"
+        if panel.is_file():
+            rows += _frame_rows(read_rollouts(panel), k + 1, "panel")
+    return sorted(rows, key=lambda r: (r["updates"], r["split"] != "train"))
+
+
+def write_curve(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(CURVE_FIELDS))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def timing(run: RunDir) -> dict[str, float]:
+    """Mean seconds per iteration (rollout, update, sync, save and any evaluation in it) and the update's share."""
+    hist = [run.metrics(k) for k in run.completed()]
+    total = sum(m.get("timing_s/iteration", 0.0) for m in hist)
+    update = sum(m.get("timing_s/step", 0.0) for m in hist)
+    rollout = sum(m.get("timing_s/rollout", 0.0) for m in hist)
+    return {"s_per_iteration": total / len(hist) if hist else float("nan"),
+            "update_share": update / total if total else float("nan"),
+            "rollout_share": rollout / total if total else float("nan")}
+
+
+def config_summary(cfg: Config, spec: LearnSpec, panel: Path) -> dict[str, Any]:
+    """The settings a reader needs to compare two results (the whole config is in the run's config.yaml)."""
+    from ragen.models.precision import precision_tags
+
+    a, e = cfg.algorithm, cfg.envs.train
+    return {"experiment": spec.experiment, "params": spec.params, "presets": list(spec.presets),
+            "overrides": list(spec.overrides), "quick": spec.quick, "model": cfg.model.base,
+            "engine": cfg.rollout.engine, **precision_tags(cfg), "train_tags": list(e.tags),
+            "n_groups": list(e.n_groups), "group_size": e.group_size, "max_turn": cfg.agent.max_turn,
+            "enable_think": cfg.agent.enable_think, "adv_estimator": a.adv_estimator, "filter_ratio": a.filter_ratio,
+            "actor_lr": cfg.actor.lr, "critic_lr": cfg.critic.lr, "guard": cfg.guard.enabled,
+            "seed": cfg.trainer.seed, "test_freq": cfg.trainer.test_freq, "panel": str(panel),
+            "val_temperature": cfg.rollout.val_temperature}
+
+
+def _progress(k: int, m: dict[str, float], last: int, t0: float) -> None:
+    """One line per iteration on stderr: a 20-minute run shows where it is (stdout stays one JSON line)."""
+    train = [v for key, v in m.items() if key.startswith("train/") and key.endswith("/success") and key.count("/") == 2]
+    val = [v for key, v in m.items() if key.startswith("val/") and key.endswith("/success") and key.count("/") == 2]
+    text = (f"iteration {k + 1}/{last + 1}: train success {sum(train) / len(train):.3f}" if train
+            else f"iteration {k + 1}/{last + 1}:")
+    if val:
+        text += f", panel success {sum(val) / len(val):.3f}"
+    text += (f", {m.get('timing_s/iteration', 0.0):.0f} s (update {m.get('timing_s/step', 0.0):.0f} s), "
+             f"{time.monotonic() - t0:.0f} s in all")
+    print(text, file=sys.stderr, flush=True)
+
+
+def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, float], None] | None = _progress
+                ) -> dict[str, Any]:
+    """Train a fresh run under ``spec.out`` and return the before/after JSON (also written to ``learn.json``,
+    with ``curve.csv`` beside it). An existing ``learn.json`` there is refused: each measurement starts fresh."""
+    from ragen.run.loop import train_loop
+
+    out = Path(spec.out)
+    if (out / RESULT_JSON).exists() or RunDir.at(out, RUN_NAME).completed():
+        raise FileExistsError(f"{out} already holds a learning run; give a new --out (each measurement trains "
+                              f"from a fresh run directory)")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg, panel = resolve_config(spec, out)
+    last = cfg.trainer.total_training_steps - 1
+    t0 = time.monotonic()
+    res = train_loop(cfg, RUN_NAME, on_iteration=(lambda k, m: log(k, m, last, t0)) if log else None)
+    wall = time.monotonic() - t0
+    run = res.run
+    done = run.completed()
+    if not done or done[-1] != last:
+        raise RuntimeError(f"the run in {run.root} ended at iteration {done[-1] if done else None}, not {last}")
+    from ragen.rollout.table import read_rollouts
+
+    before_path = panel_eval_dir(run.root / EVAL_INIT) / "rollouts.parquet"
+    after_path = panel_eval_dir(run.iteration(last) / "eval.json") / "rollouts.parquet"
+    before, after = read_rollouts(before_path), read_rollouts(after_path)
+    tags = list(dict.fromkeys(after["tag"]))
+    result: dict[str, Any] = {
+        "tags": {t: tag_change(before, after, t) for t in tags}, "wall_s": wall, "iterations": len(done),
+        **timing(run), "rollbacks": len(res.rollbacks), "config": config_summary(cfg, spec, panel),
+        "curve": str(out / CURVE_CSV), "run_dir": str(run.root)}
+    write_curve(curve_rows(run), out / CURVE_CSV)
+    write_json(out / RESULT_JSON, result)
+    if not spec.keep_checkpoints:  # ~4 GB a state with the optimizer; the result is the panel scores, not weights
+        shutil.rmtree(run.root / "checkpoints", ignore_errors=True)
+    return result

@@ -1,0 +1,84 @@
+"""`ragen bench learn`: a smoke run of the command on the tiny model (real vLLM + DeepSpeed, the plain loop) checks
+the JSON's shape and its arithmetic, the curve beside it and the refusals. Whether a model learns is the
+benchmark's to measure (its numbers are in docs/benchmarks.md), not this test's: the tiny random model does not."""
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ragen.models import TINY_MODEL
+
+ROOT = Path(__file__).resolve().parents[1]
+RAGEN = str(Path(sys.executable).with_name("ragen"))
+TINY = [f"model.base={TINY_MODEL}", "model.dtype=fp32", "rollout.engine=vllm", "rollout.kv_cache_gib=1",
+        "rollout.response_length=8", "actor.gradient_checkpointing=false", "critic.gradient_checkpointing=false",
+        "rollout.sync_mean_tol=1e-3", "rollout.sync_max_tol=1e-2"]
+
+
+def bench(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    sets = [a for o in TINY for a in ("--set", o)]
+    return subprocess.run([RAGEN, "bench", "learn", "--quick", "--json", "--out", str(out), *sets, *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=800)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_quick_bench_prints_the_before_after_json_and_writes_the_curve(tmp_path):
+    out = tmp_path / "learn"
+    r = bench(out)
+    assert r.returncode == 0, r.stderr[-4000:]
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1, r.stdout  # stdout is the JSON line alone; progress goes to stderr
+    res = json.loads(lines[0])
+    assert "iteration 2/2" in r.stderr
+    assert json.loads((out / "learn.json").read_text()) == res
+    assert set(res) >= {"tags", "wall_s", "iterations", "s_per_iteration", "update_share", "config"}
+    assert list(res["tags"]) == ["Bandit"]  # params.yaml's validation tag, as the main command
+    t = res["tags"]["Bandit"]
+    assert t["n"] == 16 and t["n_before"] == 16  # --quick: a 16-seed panel
+    for k in ("before", "after"):
+        lo, hi = t[f"{k}_ci"]
+        assert 0 <= lo <= t[k] <= hi <= 1 and (t[k] * 16).is_integer()
+        assert 0 <= t[f"format_errors_{k}"] <= 1
+    assert t["diff"] == pytest.approx(t["after"] - t["before"])
+    assert -1 <= t["diff_ci"][0] <= t["diff"] <= t["diff_ci"][1] <= 1
+    assert res["iterations"] == 2 and res["wall_s"] > 0 and res["s_per_iteration"] > 0
+    assert 0 < res["update_share"] < 1
+    c = res["config"]
+    assert c["model"] == TINY_MODEL and c["engine"] == "vllm" and c["train_tags"] == ["Bandit"]
+    assert c["n_groups"] == [4] and c["group_size"] == 4 and c["quick"] is True
+    assert not (Path(res["run_dir"]) / "checkpoints").exists()  # deleted unless --keep-checkpoints
+
+    rows = list(csv.DictReader((out / "curve.csv").open()))
+    panel = [r for r in rows if r["split"] == "panel"]
+    train = [r for r in rows if r["split"] == "train"]
+    assert [int(r["updates"]) for r in panel] == [0, 1, 2]  # before, and after each iteration (test_freq 1)
+    assert [int(r["updates"]) for r in train] == [0, 1] and all(int(r["n"]) == 16 for r in train)
+    assert float(panel[0]["success"]) == t["before"] and float(panel[-1]["success"]) == t["after"]
+    assert all(not math.isnan(float(r["score"])) for r in rows)
+
+    again = bench(out)  # every measurement trains from a fresh run directory
+    assert again.returncode == 2 and "already holds a learning run" in again.stderr
+
+
+@pytest.mark.unit
+def test_bad_settings_fail_before_any_model_loads(tmp_path):
+    from typer.testing import CliRunner
+
+    from ragen.cli import app
+
+    def invoke(*args: str):
+        return CliRunner().invoke(app, ["bench", "learn", "--quick", "--out", str(tmp_path / "x"), *args])
+
+    r = invoke("--set", "actor.lr=fast")
+    assert r.exit_code == 2 and "actor.lr" in r.output
+    r = invoke("--tag", "Bandt")
+    assert r.exit_code == 2 and "Bandt" in r.output and "known:" in r.output
+    r = invoke("--experiment", "starpo-s-bandt")
+    assert r.exit_code == 2 and "did you mean 'starpo-s-bandit'" in r.output
+    assert not (tmp_path / "x" / "learn.json").exists()
