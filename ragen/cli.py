@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -697,6 +698,24 @@ def bench_envs_cmd(as_json: Annotated[bool, typer.Option("--json", help="print o
     _print_result(bench_envs(seconds), as_json)
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Everything the libraries print while a benchmark runs (vLLM's log, DeepSpeed's op builds, C-level writes)
+    goes to stderr, so that the command's stdout is its result alone (one JSON line with --json)."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    sys.stdout.flush()
+    saved, real = os.dup(1), sys.stdout
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        sys.stdout = real
+
+
 def _print_result(result: dict, as_json: bool) -> None:
     """A benchmark's result as one JSON object, or as an aligned key/value table."""
     if as_json:
@@ -716,8 +735,9 @@ def bench_rollout_cmd(as_json: Annotated[bool, typer.Option("--json", help="prin
     whole conversation every turn, so its part takes most of the time: ~25 min here)."""
     from ragen.bench import bench_rollout
 
-    result = bench_rollout(tuple(engine or ("vllm", "hf")), model=model, groups=groups, group_size=group_size,
-                           turns=turns, new_tokens=new_tokens, extra=tuple(overrides or ()))
+    with _stdout_to_stderr():
+        result = bench_rollout(tuple(engine or ("vllm", "hf")), model=model, groups=groups,
+                               group_size=group_size, turns=turns, new_tokens=new_tokens, extra=tuple(overrides or ()))
     _print_result(result, as_json)
 
 
@@ -751,8 +771,9 @@ def bench_train_cmd(as_json: Annotated[bool, typer.Option("--json", help="print 
     """One update: DeepSpeed vs plain torch AdamW, length-bucketed vs padded micro-batches, fp32 vs bf16."""
     from ragen.bench import bench_train
 
-    result = bench_train(model=model, groups=groups, group_size=group_size, token_budget=token_budget,
-                         micro_batch_size=micro_batch_size, bf16=bf16)
+    with _stdout_to_stderr():
+        result = bench_train(model=model, groups=groups, group_size=group_size, token_budget=token_budget,
+                             micro_batch_size=micro_batch_size, bf16=bf16)
     _print_result(result, as_json)
 
 
@@ -806,7 +827,8 @@ def bench_learn_cmd(as_json: Annotated[bool, typer.Option("--json", help="print 
                      panel_size=panel_size, tags=tuple(tags) if tags else None, out=str(out), quick=quick,
                      keep_checkpoints=keep_checkpoints, experiment=experiment)
     try:
-        result = bench_learn(spec)
+        with _stdout_to_stderr():
+            result = bench_learn(spec)
     except (FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
         typer.secho(str(e.args[0]) if isinstance(e, KeyError) else str(e), err=True, fg="red")
         raise typer.Exit(2) from None
@@ -856,7 +878,9 @@ def bench_pipeline_cmd(as_json: Annotated[bool, typer.Option("--json", help="pri
     from flows.bench_pipeline import bench_pipeline
 
     _config(params, preset or ["cpu-small"], overrides)  # bad settings fail before any model loads
-    result = bench_pipeline(str(params) if params else None, preset or ["cpu-small"], overrides or [], iterations)
+    with _stdout_to_stderr():
+        result = bench_pipeline(str(params) if params else None, preset or ["cpu-small"], overrides or [],
+                                iterations)
     if not as_json:
         result.pop("rows")
     _print_result(result, as_json)

@@ -1,7 +1,8 @@
-"""The Prefect flow `ragen` on the tiny model against a temporary Prefect API (prefect_test_harness): one subflow
+"""The Prefect flow `ragen` on the tiny model against a temporary Prefect API (the session's, conftest.py): one subflow
 per iteration, the stage tasks, and a second start of the same run continuing where the first stopped."""
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -10,20 +11,14 @@ from test_loop import TINY
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
-async def runs_named(name):
+async def runs_named(name, since):
+    """Flow runs of the flow ``name`` started after ``since`` (the session's Prefect server holds other tests' too)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterStartTime
 
     async with get_client() as c:
-        return await c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[name])))
+        return await c.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[name])),
+                                      flow_run_filter=FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)))
 
 
 def sha(path):
@@ -32,7 +27,7 @@ def sha(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_flow_versions_tracks_and_continues_a_run(harness, dvc_repo, tmp_path):
+def test_flow_versions_tracks_and_continues_a_run(prefect_api, dvc_repo, tmp_path):
     """Real vLLM + DeepSpeed + Prefect + MLflow (temp sqlite) + DVC (temp remote): two starts of one run."""
     import subprocess
     import sys
@@ -45,6 +40,7 @@ def test_flow_versions_tracks_and_continues_a_run(harness, dvc_repo, tmp_path):
     over = [*TINY, "rollout.engine=vllm", "rollout.kv_cache_gib=1", f"trainer.run_dir={dvc_repo / 'runs'}",
             f"tracking.mlflow_tracking_uri=sqlite:///{db}", f"tracking.mlflow_artifact_location={tmp_path / 'mla'}",
             "tracking.experiment=flow-test"]
+    since = datetime.now(UTC)
     out = train_loop(run_name="t", params=None, preset=["cpu-small"], overrides=over, iterations=1)
     assert out["iterations"] == [0] and out["resumed_at"] == 0
     run = RunDir.at(dvc_repo / "runs", "t")
@@ -100,7 +96,7 @@ def test_flow_versions_tracks_and_continues_a_run(harness, dvc_repo, tmp_path):
     champ = client.get_model_version_by_alias("flow-test-actor", "champion")
     scores = {int(v.version): float(v.tags["val_score"]) for v in versions}
     assert int(champ.version) == (2 if scores[2] > scores[1] else 1)
-    parents, subs = asyncio.run(runs_named("ragen")), asyncio.run(runs_named("iteration"))
+    parents, subs = asyncio.run(runs_named("ragen", since)), asyncio.run(runs_named("iteration", since))
     assert len(parents) == 2 and all(r.state.is_completed() for r in parents)
     assert sorted(r.name for r in subs) == ["iteration-0", "iteration-1"]
     assert all(r.state.is_completed() for r in subs)
@@ -112,7 +108,7 @@ def versioning_md5(run, path):
     return dvc_md5(run, path)
 
 
-def test_ragen_train_cli_runs_the_flow_and_reports_a_finished_run(harness, tmp_path):
+def test_ragen_train_cli_runs_the_flow_and_reports_a_finished_run(prefect_api, tmp_path):
     from typer.testing import CliRunner
 
     from ragen.cli import app
@@ -131,7 +127,7 @@ def test_ragen_train_cli_runs_the_flow_and_reports_a_finished_run(harness, tmp_p
     assert r.exit_code == 2 and "actor.lr" in r.output
 
 
-def test_tracking_failures_are_reported_and_never_stop_training(harness, tmp_path):
+def test_tracking_failures_are_reported_and_never_stop_training(prefect_api, tmp_path):
     from flows.train_loop import train_loop
 
     blocked = tmp_path / "not-a-dir"

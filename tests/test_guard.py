@@ -136,11 +136,10 @@ def test_the_loop_rolls_back_then_gives_up(tmp_path):
 
 
 @pytest.mark.integration
-def test_the_flow_logs_rollbacks_to_mlflow(tmp_path):
+def test_the_flow_logs_rollbacks_to_mlflow(prefect_api, tmp_path):
     """The Prefect flow path: the rollback reaches MLflow (metric guard/rollbacks, a tag per event) and a run
     that recovers (patience 2 over a 2-iteration horizon never trips twice) finishes."""
     import mlflow
-    from prefect.testing.utilities import prefect_test_harness
 
     from flows.train_loop import train_loop as flow
 
@@ -150,7 +149,7 @@ def test_the_flow_logs_rollbacks_to_mlflow(tmp_path):
             "diagnostics.std_collapse=100", "guard.enabled=true", "guard.signals=[std_collapse]",
             "guard.patience=1", "guard.max_rollbacks=1", "tracking.dvc=false",
             f"tracking.mlflow_tracking_uri=sqlite:///{db}", f"tracking.mlflow_artifact_location={tmp_path / 'mla'}"]
-    with prefect_test_harness(server_startup_timeout=120), pytest.raises(guard.GuardGaveUp):
+    with pytest.raises(guard.GuardGaveUp):
         flow(run_name="gf", params=None, preset=["cpu-small"], overrides=over)
     client = mlflow.MlflowClient(f"sqlite:///{db}")
     (r,) = client.search_runs([client.get_experiment_by_name("ragen").experiment_id])

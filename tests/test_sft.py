@@ -288,10 +288,9 @@ def test_sft_lowers_the_demo_loss_and_saves_a_loadable_model(tmp_path, lora):
 
 
 @pytest.mark.integration
-def test_sft_flow_demos_train_evaluate_version_and_log(tmp_path, dvc_repo):
+def test_sft_flow_demos_train_evaluate_version_and_log(prefect_api, tmp_path, dvc_repo):
     """The Prefect flow ragen-sft with real vLLM + DeepSpeed + DVC + MLflow on the tiny model."""
     import mlflow
-    from prefect.testing.utilities import prefect_test_harness
 
     from flows.sft import sft_flow
 
@@ -300,8 +299,7 @@ def test_sft_flow_demos_train_evaluate_version_and_log(tmp_path, dvc_repo):
             "rollout.kv_cache_gib=1", f"sft.demos={dvc_repo / 'data' / 'demos.parquet'}",
             f"sft.output={dvc_repo / 'models' / 'ws'}", f"tracking.mlflow_tracking_uri=sqlite:///{db}",
             f"tracking.mlflow_artifact_location={tmp_path / 'mla'}", "tracking.experiment=sft-test"]
-    with prefect_test_harness(server_startup_timeout=120):
-        out = sft_flow(None, ["cpu-small"], over)
+    out = sft_flow(None, ["cpu-small"], over)
     ck = dvc_repo / "models" / "ws"
     for when in ("before", "after"):
         m = json.loads((ck / pipeline.EVAL_FILES[when]).read_text())

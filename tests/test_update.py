@@ -262,54 +262,6 @@ def batch_frame(tokenizer, renderer):
     return scripted_rollouts(load_config(None, ["cpu-small"], SMALL), tokenizer, renderer)
 
 
-def two_proportion_z(k1, n1, k2, n2):
-    """One-sided z statistic for p2 > p1 (pooled)."""
-    p1, p2, p = k1 / n1, k2 / n2, (k1 + k2) / (n1 + n2)
-    se = (p * (1 - p) * (1 / n1 + 1 / n2)) ** 0.5
-    return (p2 - p1) / se if se > 0 else 0.0
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(3300)
-def test_starpo_s_raises_the_high_risk_arm_rate_on_bandit():
-    """On the same 128 validation seeds, four StarPO-S iterations with the bundled SmolLM2 raise the high-risk-arm
-    rate over the step-0 rate (two-proportion z > 3), raise the mean reward (Welch t > 3) and cut format errors.
-
-    What makes the risky arm learnable in four updates: 32 groups x 16 members with independent payout streams,
-    and a strong variance filter (keep the 4 groups of largest reward std: the groups where a Dragon pick paid).
-    With 8x4 rollouts the model learned the format and then the safe arm's sure 0.1 first. Measured on a 2-core
-    AVX2 EPYC (fp32 engine, as model.emulated_bf16 runs it there): high arm 7/128 -> 42/128 (z = 5.6), format
-    errors 90 -> 12 (z = 10.0), mean score -0.038 -> 0.119 (t = 6.3); train high-arm rate per iteration 4.5%,
-    12.1%, 10.9%, 28.7%; 28 min, ~390 s per iteration (the update on the 64 kept trajectories most of it). On the
-    AVX512-BF16 CPU with a bf16 engine: 7/128 -> 51/128 (z = 6.6), about 30 min. A bf16 engine on the AVX2 CPU
-    took over 50 min (CI's 3000 s limit) for the emulated bf16 sampling."""
-    import json
-    import statistics
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("bandit_learning.py")), str(ITERATIONS),
-                           *LEARNING], capture_output=True, text=True, timeout=3000)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    b, a = res["before"], res["after"]
-    sb, sa = b["scores"], a["scores"]
-    t = (statistics.mean(sa) - statistics.mean(sb)) / (
-        statistics.variance(sa) / len(sa) + statistics.variance(sb) / len(sb)) ** 0.5
-    z_fmt = two_proportion_z(a["format_errors"], a["n"], b["format_errors"], b["n"])  # fewer errors after
-    z_high = two_proportion_z(b["high_arm"], b["n"], a["high_arm"], a["n"])  # more high-arm picks after
-    print(f"high-risk arm {b['high_arm']}/{b['n']} -> {a['high_arm']}/{a['n']} (z = {z_high:.2f}); mean score "
-          f"{statistics.mean(sb):.3f} -> {statistics.mean(sa):.3f} (t = {t:.2f}); format errors "
-          f"{b['format_errors']} -> {a['format_errors']} (z = {z_fmt:.2f}); train {res['train']}")
-    assert z_high > 3.0 and t > 3.0 and z_fmt > 3.0, res
-
-
-ITERATIONS = 4
-LEARNING = ["envs.train.n_groups=[32]", "envs.train.group_size=16", "algorithm.filter_ratio=0.125",
-            "envs.group_rng=independent", "actor.lr=2e-5", "guard.enabled=false"]  # StarPO-S alone
-
-
 @pytest.mark.unit
 def test_token_rewards_place_the_normalised_score_on_the_last_turn_end():
     from ragen.train.batch import Sequences

@@ -37,12 +37,13 @@ def replace_with(path, data):
     path.write_bytes(data)
 
 
-def test_sigkill_during_dvc_push_then_damaged_files_are_restored(dvc_repo, tmp_path, fault):
+def test_sigkill_during_dvc_push_then_damaged_files_are_restored(prefect_api, dvc_repo, tmp_path, fault):
+    env = dict(ENV, PREFECT_API_URL=prefect_api)  # the session's Prefect server: no ephemeral one per start
     killed, parquet, metrics = (fault("SIGKILL during DVC push"), fault("corrupted parquet (versioned)"),
                                 fault("corrupted metrics.json (versioned)"))
     remote = tmp_path / "remote"
     run = RunDir(dvc_repo / "runs" / "pushed")
-    p = subprocess.Popen(train_cmd(dvc_repo, tmp_path, 2), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+    p = subprocess.Popen(train_cmd(dvc_repo, tmp_path, 2), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     t0 = time.monotonic()
     while not (remote.is_dir() and any(f.is_file() for f in remote.rglob("*"))):  # the first object arrives
@@ -54,7 +55,7 @@ def test_sigkill_during_dvc_push_then_damaged_files_are_restored(dvc_repo, tmp_p
     assert run.completed() == [0]
     killed.guard(run.root)
 
-    again = subprocess.run(train_cmd(dvc_repo, tmp_path, 2), cwd=ROOT, env=ENV, capture_output=True, text=True,
+    again = subprocess.run(train_cmd(dvc_repo, tmp_path, 2), cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=900)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     assert "completed iterations 1..1" in again.stdout
@@ -76,7 +77,7 @@ def test_sigkill_during_dvc_push_then_damaged_files_are_restored(dvc_repo, tmp_p
     replace_with(m, b'{"actor/pg_loss": 0.1, "val/sc')
     with pytest.raises(ResumeError, match=r"metrics\.json is damaged.*dvc checkout .*iter_00000\.dvc"):
         run.metrics(0)
-    r = subprocess.run(train_cmd(dvc_repo, tmp_path, 3), cwd=ROOT, env=ENV, capture_output=True, text=True,
+    r = subprocess.run(train_cmd(dvc_repo, tmp_path, 3), cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)  # a continuation refuses to build on a damaged history, before loading models
     assert r.returncode == 2 and "metrics.json is damaged" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
     out = subprocess.run([DVC, "checkout", "--force", str(run.pointer(run.iteration(0)))], cwd=dvc_repo,

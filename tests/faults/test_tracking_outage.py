@@ -14,15 +14,7 @@ from ragen.services import LocalMLflowServer, free_port
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
-@pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
-def test_mlflow_down_for_an_iteration_is_caught_up_later(harness, tmp_path, fault):
+def test_mlflow_down_for_an_iteration_is_caught_up_later(prefect_api, tmp_path, fault):
     import mlflow
 
     from flows.train_loop import train_loop
