@@ -38,10 +38,17 @@ def dvc(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProce
 
 
 @pytest.fixture(scope="module")
-def grid_repo(tmp_path_factory):
+def grid_repo(tmp_path_factory, prefect_api):
+    # the stages' flows (and the module's `ragen` commands) use the session's Prefect server, not one each
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PREFECT_API_URL", prefect_api)
+        yield _grid_repo(tmp_path_factory.mktemp("grid"))
+
+
+def _grid_repo(tmp):
+    """`dvc repro report` of the tiny grid in a fresh git + DVC repo holding the project's dvc.yaml."""
     from tasks.versioning import init_repo
 
-    tmp = tmp_path_factory.mktemp("grid")
     repo = tmp / "repo"
     init_repo(repo, tmp / "remote")
     for d in ("ragen", "tasks", "flows", "infra"):  # the stages' code dependencies, as in the project
