@@ -789,7 +789,7 @@ def bench_learn_cmd(as_json: Annotated[bool, typer.Option("--json", help="print 
                     tags: Annotated[list[str] | None, typer.Option(
                         "--tag", help="panel tag (repeatable); default: eval.tags, else envs.val.tags")] = None,
                     out: Annotated[Path | None, typer.Option(
-                        help="a new directory for the run, learn.json and curve.csv (default: "
+                        help="a new directory for the run, learn.json, curve.csv and curve.png (default: "
                              "runs/bench-learn/<UTC time>)")] = None,
                     quick: Annotated[bool, typer.Option("--quick", help="a smoke run of a few minutes: 4x4 "
                                                         "rollouts, 2 iterations, a 16-seed panel")] = False,
@@ -803,7 +803,7 @@ def bench_learn_cmd(as_json: Annotated[bool, typer.Option("--json", help="print 
                     params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None) -> None:
     """Learning as a benchmark: train a fresh run (vLLM + DeepSpeed, plain loop) and score a fixed panel before,
     every trainer.test_freq and after; per tag success before/after (Wilson 95%) and the change (Newcombe 95%).
-    Default: the main command's settings (params.yaml: cpu-small Bandit, 10 iterations; ~20 min here)."""
+    Default: the main command's settings (params.yaml: cpu-small Bandit, 10 iterations; 16 min on a 2-core EPYC)."""
     from ragen.run.learn_bench import LearnSpec, bench_learn
 
     if experiment is not None:

@@ -61,6 +61,7 @@ def test_quick_bench_prints_the_before_after_json_and_writes_the_curve(tmp_path)
     assert [int(r["updates"]) for r in train] == [0, 1] and all(int(r["n"]) == 16 for r in train)
     assert float(panel[0]["success"]) == t["before"] and float(panel[-1]["success"]) == t["after"]
     assert all(not math.isnan(float(r["score"])) for r in rows)
+    assert (out / "curve.png").stat().st_size > 5000  # the plot of those rows
 
     again = bench(out)  # every measurement trains from a fresh run directory
     assert again.returncode == 2 and "already holds a learning run" in again.stderr

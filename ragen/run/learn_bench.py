@@ -28,6 +28,7 @@ from ragen.run.rundir import RunDir, write_json
 
 RESULT_JSON = "learn.json"
 CURVE_CSV = "curve.csv"
+CURVE_PNG = "curve.png"
 PANEL_JSON = "panel.json"
 RUN_NAME = "run"
 DEFAULT_PANEL_SIZE = 128  # seeds per tag: a 95% interval of about +-8 pp at a 30% rate
@@ -134,6 +135,38 @@ def write_curve(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+def plot_curve(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    """Success per update, a panel per tag: the train rollouts as a line with its 95% band, the panel
+    evaluations as points with their 95% intervals."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tags = list(dict.fromkeys(r["tag"] for r in rows))
+    fig, axes = plt.subplots(1, len(tags), figsize=(5.5 * len(tags), 3.8), squeeze=False)
+    for ax, tag in zip(axes[0], tags, strict=True):
+        for split, style in (("train", "-"), ("panel", "o")):
+            pts = [r for r in rows if r["tag"] == tag and r["split"] == split]
+            if not pts:
+                continue
+            x = [r["updates"] for r in pts]
+            y, lo, hi = ([r[k] for r in pts] for k in ("success", "success_lo", "success_hi"))
+            if split == "train":
+                ax.plot(x, y, style, label=f"train rollouts (n={pts[0]['n']})")
+                ax.fill_between(x, lo, hi, alpha=0.2)
+            else:
+                ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo, strict=True)],
+                                        [b - a for a, b in zip(y, hi, strict=True)]],
+                            fmt=style, capsize=4, label=f"panel (n={pts[0]['n']})")
+        ax.set(title=tag, xlabel="updates", ylabel="success rate (95% CI)", ylim=(0, 1))
+        ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def timing(run: RunDir) -> dict[str, float]:
     """Mean seconds per iteration (rollout, update, sync, save and any evaluation in it) and the update's share."""
     hist = [run.metrics(k) for k in run.completed()]
@@ -176,7 +209,8 @@ def _progress(k: int, m: dict[str, float], last: int, t0: float) -> None:
 def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, float], None] | None = _progress
                 ) -> dict[str, Any]:
     """Train a fresh run under ``spec.out`` and return the before/after JSON (also written to ``learn.json``,
-    with ``curve.csv`` beside it). An existing ``learn.json`` there is refused: each measurement starts fresh."""
+    with ``curve.csv`` and its plot ``curve.png`` beside it). An existing ``learn.json`` there is refused: each
+    measurement starts fresh."""
     from ragen.run.loop import train_loop
 
     out = Path(spec.out)
@@ -203,7 +237,9 @@ def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, f
         "tags": {t: tag_change(before, after, t) for t in tags}, "wall_s": wall, "iterations": len(done),
         **timing(run), "rollbacks": len(res.rollbacks), "config": config_summary(cfg, spec, panel),
         "curve": str(out / CURVE_CSV), "run_dir": str(run.root)}
-    write_curve(curve_rows(run), out / CURVE_CSV)
+    rows = curve_rows(run)
+    write_curve(rows, out / CURVE_CSV)
+    plot_curve(rows, out / CURVE_PNG)
     write_json(out / RESULT_JSON, result)
     if not spec.keep_checkpoints:  # ~4 GB a state with the optimizer; the result is the panel scores, not weights
         shutil.rmtree(run.root / "checkpoints", ignore_errors=True)
