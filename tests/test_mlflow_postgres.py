@@ -2,6 +2,7 @@
 .ci/run installs it), an `mlflow server` over it that stores and serves the artifacts, a 2-iteration tiny training
 logging to that server, and the run read back with the MLflow client and straight from the database."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_training_logs_to_an_mlflow_server_on_postgresql(tmp_path):
+def test_training_logs_to_an_mlflow_server_on_postgresql(prefect_api, tmp_path):
     import mlflow
 
     from ragen.services import LocalMLflowServer, LocalPostgres
@@ -24,7 +25,8 @@ def test_training_logs_to_an_mlflow_server_on_postgresql(tmp_path):
         args = [str(Path(sys.executable).with_name("ragen")), "train", "--run", "pg", "--iterations", "2"]
         for o in over:
             args += ["--set", o]
-        r = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=1300)
+        env = dict(os.environ, PREFECT_API_URL=prefect_api)  # the session's Prefect server, not an ephemeral one
+        r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1300)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert not (tmp_path / "runs" / "pg" / "tracking-failures.jsonl").exists()
 
