@@ -78,7 +78,7 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 
-## bench-learn: learning measured (the main command's settings: Bandit, 10 iterations, ~20 min); prints JSON
+## bench-learn: learning measured (the main command's settings: Bandit, 10 iterations, ~16 min); prints JSON
 bench-learn: setup
 	$(BIN)/ragen bench learn --json
 

@@ -51,6 +51,17 @@ def _config(params: Path | None, preset: list[str] | None, overrides: list[str] 
         raise typer.Exit(2) from None
 
 
+def _experiment(name: str, scale: str, seed: int, overrides: list[str] | None, sweep: str | None = None):
+    """A named experiment resolved at a scale; an unknown name or scale exits 2 with the known ones."""
+    from ragen.experiments import resolve
+
+    try:
+        return resolve(name, scale, seed, overrides or [], sweep)
+    except KeyError as e:
+        typer.secho(str(e.args[0]), err=True, fg="red")
+        raise typer.Exit(2) from None
+
+
 @config_app.command("show")
 def config_show(params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None) -> None:
     """Print the resolved config as YAML."""
@@ -154,13 +165,7 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
     from ragen.run.rundir import ResumeError, RunDir
 
     if experiment is not None:
-        from ragen.experiments import resolve
-
-        try:
-            r = resolve(experiment, scale, seed, overrides or [], sweep)
-        except KeyError as e:
-            typer.secho(str(e.args[0]), err=True, fg="red")
-            raise typer.Exit(2) from None
+        r = _experiment(experiment, scale, seed, overrides, sweep)
         params, preset, overrides = None, list(r.presets), list(r.overrides)
         run = r.run_name if run == "default" else run
     cfg = _config(params, preset, with_iterations(overrides, iterations))
@@ -807,13 +812,7 @@ def bench_learn_cmd(as_json: Annotated[bool, typer.Option("--json", help="print 
     from ragen.run.learn_bench import LearnSpec, bench_learn
 
     if experiment is not None:
-        from ragen.experiments import resolve
-
-        try:
-            r = resolve(experiment, scale, 0, overrides or [])
-        except KeyError as e:
-            typer.secho(str(e.args[0]), err=True, fg="red")
-            raise typer.Exit(2) from None
+        r = _experiment(experiment, scale, 0, overrides)
         params, preset, overrides = None, list(r.presets), list(r.overrides)
     elif params is None and not preset and Path("params.yaml").is_file():
         params = Path("params.yaml")  # the main command's settings

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from ragen.config import Config, load_config
+from ragen.eval.evaluate import ROLLOUTS
 from ragen.eval.metrics import panel_metrics
 from ragen.eval.panels import VAL_SEED, make_panel, read_panel, write_panel
 from ragen.eval.stats import rate_difference, wilson
@@ -74,7 +75,7 @@ def resolve_config(spec: LearnSpec, out: Path) -> tuple[Config, Path]:
         panel = make_panel(f"bench-{size}", tags, size, base_seed=VAL_SEED)
         unknown = [t for t in tags if t not in base.tag_specs()]
         if unknown:
-            raise ValueError(f"--tags: unknown env tag(s) {unknown}; known: {', '.join(sorted(base.tag_specs()))}")
+            raise ValueError(f"--tag: unknown env tag(s) {unknown}; known: {', '.join(sorted(base.tag_specs()))}")
     panel_path = write_panel(panel, out / PANEL_JSON)
     run_overrides = [f"trainer.run_dir={out}", f"eval.panel={panel_path}", f"eval.tags={json.dumps(panel.tags)}",
                      "trainer.val_before_train=true"]
@@ -108,22 +109,25 @@ def _frame_rows(df: pd.DataFrame, updates: int, split: str) -> list[dict[str, An
     return rows
 
 
+def panel_rollouts(run: RunDir, k: int | None) -> Path:
+    """The panel evaluation's rollouts table after iteration ``k`` (None: before training)."""
+    return panel_eval_dir(run.root / EVAL_INIT if k is None else run.iteration(k) / "eval.json") / ROLLOUTS
+
+
 def curve_rows(run: RunDir) -> list[dict[str, Any]]:
     """Per update count: the train rollouts sampled after that many updates (split ``train``) and every panel
     evaluation (split ``panel``): before training at 0 updates, after iteration k at k + 1."""
     from ragen.rollout.table import read_rollouts
 
     rows = []
-    init = panel_eval_dir(run.root / EVAL_INIT) / "rollouts.parquet"
-    if init.is_file():
-        rows += _frame_rows(read_rollouts(init), 0, "panel")
+    if panel_rollouts(run, None).is_file():
+        rows += _frame_rows(read_rollouts(panel_rollouts(run, None)), 0, "panel")
     for k in run.completed():
-        train = run.iteration(k) / "rollouts.parquet"
+        train = run.iteration(k) / "rollouts.parquet"  # as ragen.run.iteration.collect_rollouts writes it
         if train.is_file():
             rows += _frame_rows(read_rollouts(train), k, "train")
-        panel = panel_eval_dir(run.iteration(k) / "eval.json") / "rollouts.parquet"
-        if panel.is_file():
-            rows += _frame_rows(read_rollouts(panel), k + 1, "panel")
+        if panel_rollouts(run, k).is_file():
+            rows += _frame_rows(read_rollouts(panel_rollouts(run, k)), k + 1, "panel")
     return sorted(rows, key=lambda r: (r["updates"], r["split"] != "train"))
 
 
@@ -195,8 +199,11 @@ def config_summary(cfg: Config, spec: LearnSpec, panel: Path) -> dict[str, Any]:
 
 def _progress(k: int, m: dict[str, float], last: int, t0: float) -> None:
     """One line per iteration on stderr: a 20-minute run shows where it is (stdout stays one JSON line)."""
-    train = [v for key, v in m.items() if key.startswith("train/") and key.endswith("/success") and key.count("/") == 2]
-    val = [v for key, v in m.items() if key.startswith("val/") and key.endswith("/success") and key.count("/") == 2]
+    def tag_mean(split: str) -> list[float]:  # {split}/<tag>/success per tag, not the panel's all/* mean
+        return [v for key, v in m.items() if key.startswith(f"{split}/") and key.endswith("/success")
+                and key.count("/") == 2 and key != f"{split}/all/success"]
+
+    train, val = tag_mean("train"), tag_mean("val")
     text = (f"iteration {k + 1}/{last + 1}: train success {sum(train) / len(train):.3f}" if train
             else f"iteration {k + 1}/{last + 1}:")
     if val:
@@ -229,9 +236,7 @@ def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, f
         raise RuntimeError(f"the run in {run.root} ended at iteration {done[-1] if done else None}, not {last}")
     from ragen.rollout.table import read_rollouts
 
-    before_path = panel_eval_dir(run.root / EVAL_INIT) / "rollouts.parquet"
-    after_path = panel_eval_dir(run.iteration(last) / "eval.json") / "rollouts.parquet"
-    before, after = read_rollouts(before_path), read_rollouts(after_path)
+    before, after = read_rollouts(panel_rollouts(run, None)), read_rollouts(panel_rollouts(run, last))
     tags = list(dict.fromkeys(after["tag"]))
     result: dict[str, Any] = {
         "tags": {t: tag_change(before, after, t) for t in tags}, "wall_s": wall, "iterations": len(done),

@@ -91,28 +91,26 @@ def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     ``positions`` (b, L) bool, e.g. a loss mask: only these tokens' values are needed, so the output layer and
     the softmax over the vocabulary run only where they are predicted, and every other position holds 0. The
     prompt is most of a multi-turn trajectory and the vocabulary projection most of a small model's compute."""
-    if positions is None or not plain_output_layer(model):
-        with bf16_autocast(bf16):
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-        logits = logits.float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        lp = torch.nn.functional.pad(logprobs_from_logits(logits, input_ids[:, 1:]), (1, 0))
-        ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
-        return lp, ent
-    target = (positions.bool() & attention_mask.bool())[:, 1:]  # token t + 1 is predicted at position t
+    whole = positions is None or not plain_output_layer(model)
+    target = None if whole else (positions.bool() & attention_mask.bool())[:, 1:]  # t + 1 is predicted at t
     with bf16_autocast(bf16):
-        h = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        logits = model.get_output_embeddings()(h[:, :-1][target])
+        if target is None:
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+        else:
+            h = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            logits = model.get_output_embeddings()(h[:, :-1][target])
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
+    tokens = input_ids[:, 1:] if target is None else input_ids[:, 1:][target]
 
     def place(values: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.pad(values.new_zeros(target.shape).masked_scatter(target, values), (1, 0))
+        """Back to (b, L): position t + 1 holds what was predicted at t; 0 where nothing was computed."""
+        if target is not None:
+            values = values.new_zeros(target.shape).masked_scatter(target, values)
+        return torch.nn.functional.pad(values, (1, 0))
 
-    lp = place(logprobs_from_logits(logits, input_ids[:, 1:][target]))
-    return lp, place(entropy_from_logits(logits)) if with_entropy else None
+    return place(logprobs_from_logits(logits, tokens)), place(entropy_from_logits(logits)) if with_entropy else None
 
 
 def unwrap(model: Any) -> nn.Module:
