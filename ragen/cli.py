@@ -7,8 +7,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -726,8 +727,12 @@ def _print_result(result: dict, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(result))
         return
-    for k, v in result.items():
-        typer.echo(f"{k:32s} {v:>12.3f}" if isinstance(v, float) else f"{k:32s} {v!s:>12}")
+    def rows(d: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+        for k, v in d.items():
+            yield from rows(v, f"{prefix}{k}/") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+
+    for k, v in rows(result):
+        typer.echo(f"{k:40s} {v:>12.3f}" if isinstance(v, float) else f"{k:40s} {v!s:>12}")
 
 
 @bench_app.command("rollout")
@@ -769,16 +774,25 @@ def bench_memory_cmd(model: Annotated[str, typer.Option(help="qwen2.5-0.5b|1.5b|
 @bench_app.command("train")
 def bench_train_cmd(as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
                     model: Annotated[str, typer.Option(help="model alias, path or hub id")] = "smollm2-135m-instruct",
-                    groups: int = 2, group_size: int = 4, token_budget: int = 4096, micro_batch_size: int = 2,
-                    bf16: Annotated[bool | None, typer.Option(
-                        "--bf16/--no-bf16", help="also time bf16 autocast; default: only where the hardware has "
-                        "native bf16 (emulated, it took 17 min of this bench on an AVX2 CPU)")] = None) -> None:
-    """One update: DeepSpeed vs plain torch AdamW, length-bucketed vs padded micro-batches, fp32 vs bf16."""
-    from ragen.bench import bench_train
+                    batch: Annotated[list[str] | None, typer.Option(
+                        help="main (Bandit, the main command's batch) and/or multiturn (SimpleSokoban with "
+                             "thinking, 5 turns); default: both")] = None,
+                    compare: Annotated[bool, typer.Option(
+                        "--compare/--no-compare", help="also update the main batch in fp32, with plain torch and "
+                        "padded (ratios and the loss check)")] = True,
+                    seed: int = 0) -> None:
+    """The update against the machine: matmul peak in the model's shapes, model FLOPs, achieved FLOP/s and MFU
+    of the actor and the critic on the main and a multi-turn batch; fp32, plain-torch and padded ratios."""
+    from ragen.train.update_bench import BATCHES, bench_train
 
+    batches = tuple(batch or BATCHES)
+    unknown = [b for b in batches if b not in BATCHES]
+    if unknown:
+        typer.secho(f"--batch {', '.join(unknown)}: use main and/or multiturn", err=True, fg="red")
+        raise typer.Exit(2)
     with _stdout_to_stderr():
-        result = bench_train(model=model, groups=groups, group_size=group_size, token_budget=token_budget,
-                             micro_batch_size=micro_batch_size, bf16=bf16)
+        result = bench_train(model=model, batches=batches, compare=compare, seed=seed,
+                             progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     _print_result(result, as_json)
 
 

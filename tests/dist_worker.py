@@ -13,7 +13,11 @@ SMALL = ["algorithm.filter_ratio=1.0", "actor.ppo_mini_batch_size=4", "critic.pp
          "model.base=tiny-random-llama", "model.dtype=fp32", "envs.train.n_groups=[2]", "envs.train.group_size=4",
          "agent.max_turn=2", "envs.train.tags=[SimpleSokoban]", "agent.max_actions_per_turn=5",
          "agent.enable_think=true", "actor.lr=1e-3", "critic.lr=1e-3", "actor.gradient_checkpointing=false",
-         "critic.gradient_checkpointing=false", "actor.micro_batch_size=1", "critic.micro_batch_size=1"]
+         "critic.gradient_checkpointing=false", "actor.micro_batch_size=1", "critic.micro_batch_size=1",
+         # one trajectory per micro-batch on any rank, in fp32: the sharded update must equal the one-rank
+         # update to 1e-5, a bound for the sharding's arithmetic, below bf16's rounding (test_bf16_... checks that)
+         "actor.micro_batch_tokens=0", "critic.micro_batch_tokens=0", "actor.compute_dtype=fp32",
+         "critic.compute_dtype=fp32"]
 
 
 def scripted_rollouts(cfg, tokenizer, renderer):

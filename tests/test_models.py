@@ -69,7 +69,7 @@ def test_bf16_runs_in_fp32_only_where_the_hardware_would_emulate_it(monkeypatch,
         assert not precision.runs_bf16(cfg, "critic")
         assert precision.effective_dtype("fp16") == "fp16" and precision.effective_dtype("fp32") == "fp32"
         tags = precision.precision_tags(cfg)
-        assert tags["engine_dtype"] == want and tags["update_dtype"] == want
+        assert tags["engine_dtype"] == want and tags["update_dtype"] == want and tags["critic_update_dtype"] == "fp32"
     monkeypatch.setattr(precision, "native_bf16", lambda: False)
     precision._warn_once.cache_clear()
     caplog.clear()

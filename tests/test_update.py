@@ -140,15 +140,17 @@ def test_bf16_autocast_update_is_close_to_fp32(batch, tokenizer):
     bf = load_config(None, ["cpu-small"], [*SMALL, "actor.compute_dtype=bf16", "critic.compute_dtype=bf16",
                                            "model.emulated_bf16=keep"])
     results = {}
-    for name, c in (("fp32", cfg), ("bf16", bf)):
+    fp32 = load_config(None, ["cpu-small"], [*SMALL, "actor.compute_dtype=fp32", "critic.compute_dtype=fp32"])
+    for name, c in (("fp32", fp32), ("bf16", bf)):
         a, cr = engines(c, "plain")
         before = flat(a).clone()
         results[name] = update(c, seqs, a, critic=cr, pad_id=tokenizer.pad_token_id)
         assert next(a.module.parameters()).dtype == torch.float32 and not torch.equal(before, flat(a))
     lb, lf = results["bf16"].lists, results["fp32"].lists
     assert lb["actor/pg_clipfrac"][0] == 0.0 and abs(lb["actor/ppo_kl"][0]) < 1e-6
-    for k in ("actor/pg_loss", "actor/entropy_loss", "critic/vf_loss"):
-        assert lb[k] == pytest.approx(lf[k], rel=0.05, abs=1e-3), k
+    assert lb["actor/pg_loss"] == pytest.approx(lf["actor/pg_loss"], rel=0.05, abs=1e-3)  # near 0: abs too
+    for k in ("actor/entropy_loss", "critic/vf_loss"):  # the bound for the same batch: 2%
+        assert lb[k] == pytest.approx(lf[k], rel=0.02), k
     old = [results[k].metrics["rollout/old_log_prob"] for k in ("bf16", "fp32")]
     assert old[0] == pytest.approx(old[1], rel=0.02) and old[0] != old[1]  # close, and bf16 did run
 

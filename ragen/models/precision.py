@@ -66,4 +66,5 @@ def runs_bf16(cfg: Any, section: str) -> bool:
 def precision_tags(cfg: Any) -> dict[str, str]:
     """Run tags that say what a run computed in on this machine (a bf16 setting may have run in fp32 here)."""
     return {"hardware": hardware(), "engine_dtype": model_dtype(cfg),
-            "update_dtype": "bf16" if runs_bf16(cfg, "actor") else "fp32"}
+            "update_dtype": "bf16" if runs_bf16(cfg, "actor") else "fp32",
+            "critic_update_dtype": "bf16" if runs_bf16(cfg, "critic") else "fp32"}

@@ -96,7 +96,7 @@ def make_engine(model: nn.Module, *, lr: float, betas: tuple[float, float], weig
 
     ensure_distributed()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt,
                                       config=load_ds_config(ds_config, grad_clip=grad_clip, dtype=dtype))
     return engine

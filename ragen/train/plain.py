@@ -12,7 +12,7 @@ class PlainEngine:
                  grad_clip: float) -> None:
         self.module = model
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas,
-                                           weight_decay=weight_decay)
+                                           weight_decay=weight_decay, fused=True)
         self.grad_clip = grad_clip
         self.global_steps = 0
 

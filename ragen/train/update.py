@@ -10,10 +10,11 @@ over ranks the update equals the one-rank update of the same batch."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,8 +108,24 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
     B, L = len(seqs), int(seqs.lengths.max())
     all_idx = list(range(B))
     pad_to = L if pad_to_longest else None
-    score_mbs = micro_batches(seqs, all_idx, micro_batch_size=ac.micro_batch_size,
-                              token_budget=ac.micro_batch_tokens, pad_id=pad_id, pad_to=pad_to)
+    order = all_idx  # no shuffling (the original's default); a shuffle would use a seeded permutation here
+    if ac.shuffle:
+        order = torch.randperm(B, generator=torch.Generator().manual_seed(cfg.trainer.seed + iteration)).tolist()
+
+    def minibatches(size: int) -> list[list[int]]:
+        # a smaller last mini-batch uses its own denominators
+        return [[order[i] for i in chunk] for chunk in fixed_micro_batches(B, size)]
+
+    def scoring_layout(opt: Any) -> list[MicroBatch]:
+        """Every trajectory, in the micro-batches its training step will use (each rank's share of each
+        mini-batch): the same shapes give the same rounding, so pi == pi_old exactly on the first step in bf16
+        as in fp32."""
+        return [mb for mini in minibatches(opt.ppo_mini_batch_size) for r in range(world)
+                if (local := _shard(mini, r, world))
+                for mb in micro_batches(seqs, local, micro_batch_size=opt.micro_batch_size,
+                                        token_budget=opt.micro_batch_tokens, pad_id=pad_id, pad_to=pad_to)]
+
+    score_mbs = scoring_layout(ac)
     mask = pad_ragged(seqs.loss_mask, L, dtype=torch.bool)
     valid = pad_ragged([np.ones(n) for n in seqs.lengths], L, dtype=torch.bool)
     ends = pad_ragged(seqs.turn_ends, L, dtype=torch.bool)
@@ -116,7 +133,9 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
     lists: dict[str, list[float]] = defaultdict(list)
 
     actor_bf16, critic_bf16 = runs_bf16(cfg, "actor"), runs_bf16(cfg, "critic")
-    old_logp = score_batch(actor, seqs, score_mbs, temperature=temp, kind="logp", bf16=actor_bf16)
+    clock = _PhaseClock(metrics)
+    with clock("actor_scoring"):
+        old_logp = score_batch(actor, seqs, score_mbs, temperature=temp, kind="logp", bf16=actor_bf16)
     metrics["rollout/old_log_prob"] = float(masked_mean(old_logp, mask))
     if seqs.sampled_logprobs is not None:  # engine vs trainer on the sampled tokens (bf16 vs fp32, staleness)
         sampled = pad_ragged(seqs.sampled_logprobs, L, value=float("nan"))
@@ -127,14 +146,18 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
             metrics["rollout/logprob_mismatch_max"] = float(gap[have].max())
     ref_logp = None
     if ref is not None:
-        ref_logp = score_batch(ref, seqs, score_mbs, temperature=temp, kind="logp", bf16=actor_bf16)
+        with clock("ref_scoring"):
+            ref_logp = score_batch(ref, seqs, score_mbs, temperature=temp, kind="logp", bf16=actor_bf16)
         metrics["rollout/ref_log_prob"] = float(masked_mean(ref_logp, mask))
         metrics["rollout/kl_old_ref"] = float(masked_mean(kl_penalty(old_logp, ref_logp, a.kl_penalty), mask))
     use_critic = a.adv_estimator == "gae"
     if use_critic and critic is None:
         raise ValueError("algorithm.adv_estimator=gae needs a critic")
-    values = score_batch(critic, seqs, score_mbs, temperature=1.0, kind="value",
-                         bf16=critic_bf16) if use_critic else None
+    values = None
+    if use_critic:
+        with clock("critic_scoring"):
+            values = score_batch(critic, seqs, scoring_layout(cc), temperature=1.0, kind="value",
+                                 bf16=critic_bf16)
     metrics["timing_s/update_scoring"] = time.perf_counter() - t0
 
     rewards, scores = token_rewards(cfg, seqs)
@@ -162,28 +185,22 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
             else float("nan")
 
     result = UpdateResult(metrics)
-    order = all_idx  # no shuffling (the original's default); a shuffle would use a seeded permutation here
-    if ac.shuffle:
-        order = torch.randperm(B, generator=torch.Generator().manual_seed(cfg.trainer.seed + iteration)).tolist()
-
-    def minibatches(size: int) -> list[list[int]]:
-        # a smaller last mini-batch uses its own denominators
-        return [[order[i] for i in chunk] for chunk in fixed_micro_batches(B, size)]
-
     # -- critic first (advantages above used the pre-update values) -----------------------------------------
     if use_critic:
-        for _ in range(cc.ppo_epochs):
-            for mini in minibatches(cc.ppo_mini_batch_size):
-                step_metrics = _critic_step(cfg, critic, seqs, mini, values, returns, mask, pad_id, rank, world,
-                                            pad_to, bf16=critic_bf16)
-                _record(result, lists, step_metrics, "critic")
+        with clock("critic_training"):
+            for _ in range(cc.ppo_epochs):
+                for mini in minibatches(cc.ppo_mini_batch_size):
+                    step_metrics = _critic_step(cfg, critic, seqs, mini, values, returns, mask, pad_id, rank,
+                                                world, pad_to, bf16=critic_bf16)
+                    _record(result, lists, step_metrics, "critic")
     # -- actor ---------------------------------------------------------------------------------------------
     if iteration >= cfg.trainer.critic_warmup:
-        for _ in range(ac.ppo_epochs):
-            for mini in minibatches(ac.ppo_mini_batch_size):
-                step_metrics = _actor_step(cfg, actor, seqs, mini, old_logp, ref_logp, adv, mask, pad_id, rank,
-                                           world, pad_to, bf16=actor_bf16)
-                _record(result, lists, step_metrics, "actor")
+        with clock("actor_training"):
+            for _ in range(ac.ppo_epochs):
+                for mini in minibatches(ac.ppo_mini_batch_size):
+                    step_metrics = _actor_step(cfg, actor, seqs, mini, old_logp, ref_logp, adv, mask, pad_id, rank,
+                                               world, pad_to, bf16=actor_bf16)
+                    _record(result, lists, step_metrics, "actor")
     for k, v in lists.items():
         finite = [x for x in v if math.isfinite(x)]
         result.metrics[k] = float(np.mean(finite)) if finite else float("nan")
@@ -196,6 +213,23 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
     result.metrics["update/tokens_per_s"] = n_tokens / result.metrics["timing_s/update"]
     result.lists = dict(lists)
     return result
+
+
+class _PhaseClock:
+    """``with clock("name"):`` adds the block's wall time to ``metrics["timing_s/update_<name>"]``: where an
+    update's time goes, per model and pass (the MFU of `ragen bench train` divides by these)."""
+
+    def __init__(self, metrics: dict[str, float]) -> None:
+        self.metrics = metrics
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            key = f"timing_s/update_{name}"
+            self.metrics[key] = self.metrics.get(key, 0.0) + time.perf_counter() - t0
 
 
 def _record(result: UpdateResult, lists: dict[str, list[float]], step: dict[str, float], who: str) -> None:
