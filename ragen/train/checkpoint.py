@@ -36,8 +36,10 @@ def _barrier(world: int) -> None:
 
 def write_checkpoint(path: str | Path, *, rank: int, world: int, write_files: Callable[[Path], None],
                      engines: Mapping[str, Any]) -> Path:
-    """``write_files(tmp)`` writes the model files (rank 0 only); each engine saves its state under
-    ``deepspeed/<name>`` (tag ``state``)."""
+    """``write_files(tmp)`` writes the model files (rank 0 only); each engine saves its optimizer and engine
+    state under ``deepspeed/<name>`` (``ragen.train.ds.save_engine_state``)."""
+    from ragen.train.ds import save_engine_state
+
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
     if rank == 0:
@@ -47,7 +49,7 @@ def write_checkpoint(path: str | Path, *, rank: int, world: int, write_files: Ca
     _barrier(world)
     for name, engine in engines.items():
         if engine is not None:
-            engine.save_checkpoint(str(tmp / "deepspeed" / name), tag="state")
+            save_engine_state(engine, tmp / "deepspeed" / name)
     _barrier(world)
     if rank == 0:
         (tmp / COMPLETE).write_text(f"{time.time()}\n")

@@ -17,7 +17,7 @@ from ragen.rollout.engine import Engine
 from ragen.rollout.sync import DEFAULT_PROBE, GateReport, calibrate_gate, probe_batch, sync_weights
 from ragen.train.batch import sequences_from_rollouts
 from ragen.train.checkpoint import COMPLETE, write_checkpoint
-from ragen.train.ds import ensure_distributed, gathered_state, make_engine, set_lr
+from ragen.train.ds import ensure_distributed, gathered_state, load_engine_state, make_engine, set_lr
 from ragen.train.models import load_actor, load_critic, load_reference
 from ragen.train.update import UpdateResult, update
 
@@ -140,9 +140,7 @@ class Trainer:
             d = src / "deepspeed" / name
             if not d.is_dir():
                 raise FileNotFoundError(f"checkpoint {src} has no {name} optimizer state ({d})")
-            loaded, _ = engine.load_checkpoint(str(d), tag="state", load_module_strict=True,
-                                               load_optimizer_states=True, load_lr_scheduler_states=False)
-            if loaded is None:
+            if not load_engine_state(engine, d):
                 raise RuntimeError(f"DeepSpeed could not load {d}; the checkpoint may be damaged")
             # the optimizer state carries the learning rate it was saved with; the config's is the one in effect
             # (the same on a plain resume; lower after a collapse-guard rollback, whose remedy it is)
