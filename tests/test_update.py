@@ -136,7 +136,7 @@ def test_bf16_autocast_update_is_close_to_fp32(batch, tokenizer):
     """actor/critic.compute_dtype=bf16 autocasts the forward passes (weights and optimizer stay fp32): the first
     mini-batch still has pi == pi_old exactly (scoring and training share the numerics), and every mini-batch's
     losses stay near the fp32 update's. (``keep``: bf16 even where the CPU emulates it, or this compared fp32 twice.)"""
-    cfg, seqs = batch
+    _, seqs = batch
     bf = load_config(None, ["cpu-small"], [*SMALL, "actor.compute_dtype=bf16", "critic.compute_dtype=bf16",
                                            "model.emulated_bf16=keep"])
     results = {}
