@@ -51,7 +51,7 @@ def test_update_flops_count_the_passes_the_update_makes():
                      rewards=[np.zeros(2), np.zeros(3)], turn_ends=[np.zeros(2, bool), np.zeros(3, bool)],
                      scores=np.zeros(2), groups=np.zeros(2, np.int64), tags=["Bandit"] * 2)
     cfg = load_config(None, ["cpu-small"], ["actor.ppo_epochs=2"])
-    f = update_flops(seqs, a, a, cfg)
+    f = update_flops(seqs, a, cfg)
     body = 17280 + 864
     assert f["actor_scoring"] == body + 2 * 8 * 50 * 3
     assert f["actor_training"] == 2 * 3 * (body + 2 * 8 * 50 * 3)

@@ -246,6 +246,6 @@ def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, f
     write_curve(rows, out / CURVE_CSV)
     plot_curve(rows, out / CURVE_PNG)
     write_json(out / RESULT_JSON, result)
-    if not spec.keep_checkpoints:  # ~4 GB a state with the optimizer; the result is the panel scores, not weights
+    if not spec.keep_checkpoints:  # ~3.2 GB a state with the optimizer; the result is the panel scores, not weights
         shutil.rmtree(run.root / "checkpoints", ignore_errors=True)
     return result

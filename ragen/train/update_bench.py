@@ -80,21 +80,19 @@ def peak_tflops(arch: Architecture, dtypes: Sequence[str], tokens: int = 2048, o
     return peak, each
 
 
-def update_flops(seqs: Sequences, actor_arch: Architecture, critic_arch: Architecture, cfg: Config
-                 ) -> dict[str, float]:
+def update_flops(seqs: Sequences, arch: Architecture, cfg: Config) -> dict[str, float]:
     """Model FLOPs of one update's passes: per model, the scoring pass (forward) and the training passes
-    (forward + backward, once per PPO epoch); the actor's output layer at the trained tokens only."""
+    (forward + backward, once per PPO epoch); the actor's output layer at the trained tokens only. Actor and
+    critic share the decoder (the critic is its backbone with a value head), so one ``arch`` counts both."""
     lengths = [int(n) for n in seqs.lengths]
     trained = int(sum(int(m.sum()) for m in seqs.loss_mask))
     real = int(sum(lengths))
-    actor = dict(head_width=actor_arch.vocab)
-    critic = dict(head_width=1)
     return {
-        "actor_scoring": pass_flops(actor_arch, lengths, trained, backward=False, **actor),
-        "actor_training": cfg.actor.ppo_epochs * pass_flops(actor_arch, lengths, trained, backward=True, **actor),
-        "critic_scoring": pass_flops(critic_arch, lengths, real, backward=False, **critic),
-        "critic_training": cfg.critic.ppo_epochs * pass_flops(critic_arch, lengths, trained, backward=True,
-                                                              **critic),
+        "actor_scoring": pass_flops(arch, lengths, trained, head_width=arch.vocab, backward=False),
+        "actor_training": cfg.actor.ppo_epochs * pass_flops(arch, lengths, trained, head_width=arch.vocab,
+                                                            backward=True),
+        "critic_scoring": pass_flops(arch, lengths, real, head_width=1, backward=False),
+        "critic_training": cfg.critic.ppo_epochs * pass_flops(arch, lengths, trained, head_width=1, backward=True),
     }
 
 
@@ -129,7 +127,7 @@ def bench_train(*, model: str = "smollm2-135m-instruct", batches: Sequence[str] 
     runs of the main batch (their ratios and the loss check)."""
     from ragen.models import ensure_model, load_tokenizer
     from ragen.models.precision import hardware, native_bf16, runs_bf16
-    from ragen.train.models import load_actor, load_critic
+    from ragen.train.models import load_actor
 
     say = progress or (lambda _msg: None)
     path = ensure_model(model)
@@ -137,10 +135,10 @@ def bench_train(*, model: str = "smollm2-135m-instruct", batches: Sequence[str] 
     first = cfgs[batches[0]]
     tok = load_tokenizer(first.model.base, first.model.tokenizer)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    actor_arch, critic_arch = Architecture.of(load_actor(path)), Architecture.of(load_critic(path).backbone)
+    arch = Architecture.of(load_actor(path))
     dtypes = ["fp32", "bf16"] if native_bf16() else ["fp32"]
     say(f"matrix throughput in the model's shapes ({', '.join(dtypes)})")
-    peak, shapes = peak_tflops(actor_arch, dtypes)
+    peak, shapes = peak_tflops(arch, dtypes)
     compute_dtype = "bf16" if runs_bf16(first, "actor") else "fp32"
     out: dict[str, Any] = {"model": model, "hardware": hardware(), "threads": torch.get_num_threads(),
                            "compute_dtype": compute_dtype, "peak_tflops": peak, "matmul_tflops": shapes,
@@ -149,7 +147,7 @@ def bench_train(*, model: str = "smollm2-135m-instruct", batches: Sequence[str] 
         seqs = scripted_batch(cfg, tok, seed)
         say(f"{b}: {len(seqs)} trajectories, {int(seqs.lengths.sum())} tokens; update in {compute_dtype}")
         m = run_update(cfg, seqs, path, pad_id, seed=seed)
-        flops = update_flops(seqs, actor_arch, critic_arch, cfg)
+        flops = update_flops(seqs, arch, cfg)
         info: dict[str, Any] = {"trajectories": len(seqs), "tokens": int(seqs.lengths.sum()),
                                 "trained_tokens": int(sum(int(x.sum()) for x in seqs.loss_mask)),
                                 "max_len": int(seqs.lengths.max()), "update_s": m["wall_s"],
