@@ -286,6 +286,11 @@ class TrackingConfig(_Section):
     registered_model: str | None = Field(None, description="MLflow model name; default: <experiment>-actor")
     dvc: bool = Field(True, description="version every iteration with DVC (the run dir must be in a DVC repo)")
     dvc_remote: str | None = Field(None, description="DVC remote name to push to; default: the repo's core.remote")
+    dvc_resume_state: Literal["last", "every_checkpoint"] = Field(
+        "last", description="which DVC-versioned checkpoints hold the resume state (critic, optimizer and engine "
+                            "state: about 2/3 of a checkpoint's bytes): the run's last only, the others holding the "
+                            "actor that evaluation and the registry load; or every one. Resuming reads the run "
+                            "directory, which always keeps it")
     sweep: str | None = Field(None, description="MLflow parent run (by name) this run is a child of: an ablation grid")
     tags: dict[str, str] = Field(default_factory=dict, description="extra MLflow run tags (experiment name, knobs)")
 

@@ -21,6 +21,9 @@ from ragen.config import Config
 from ragen.run.iteration import EVAL_INIT, best_iteration
 from ragen.run.rundir import MARKER, RunDir, states_to_version
 
+# a checkpoint's resume state: what a resume needs beyond the actor (ragen.train.trainer.Trainer.save)
+RESUME_STATE = ("critic", "deepspeed")
+
 T = TypeVar("T")
 
 
@@ -85,6 +88,22 @@ def pending(run: RunDir, k: int, last: int, checkpoint_every: int) -> list[Path]
     return out
 
 
+def leave_out_resume_state(run: RunDir, states: list[Path], last: int) -> list[str]:
+    """Under ``tracking.dvc_resume_state=last``: the run's ``.dvcignore`` lists the resume state of every
+    checkpoint in ``states`` but the last iteration's, so ``dvc add`` versions their actor only. DVC refuses an
+    ignore file inside a folder it adds, so the patterns live at the run's root. Returns the patterns added."""
+    path = run.root / ".dvcignore"
+    have = path.read_text().splitlines() if path.is_file() else []
+    new = [f"/{st.relative_to(run.root).as_posix()}/{part}/" for st in states if st != run.state(last)
+           for part in RESUME_STATE]
+    new = [p for p in new if p not in have]
+    if new:
+        head = [] if have else ["# resume state kept in the run directory, versioned with the last checkpoint only "
+                                "(tracking.dvc_resume_state)"]
+        path.write_text("\n".join([*have, *head, *new]) + "\n")
+    return new
+
+
 def forget(run: RunDir, k: int) -> list[Path]:
     """Drop the pointers of iteration k's data and checkpoint when k is about to be computed again (its COMPLETE
     marker was removed to roll back): they describe the old outputs, and ``pending`` would skip the new ones.
@@ -136,6 +155,8 @@ def version(cfg: Config, run: RunDir, k: int, last: int) -> dict[str, float]:
     def add_and_push() -> tuple[int, int]:
         # computed inside the retry: after a wait for the lock, what is pending may have changed
         targets = pending(run, k, last, cfg.trainer.checkpoint_every)
+        if cfg.tracking.dvc_resume_state == "last":
+            leave_out_resume_state(run, [p for p in targets if p.parent == run.state(0).parent], last)
         with Repo(str(root)) as repo:
             if targets:
                 repo.add([str(p.resolve()) for p in targets])

@@ -36,6 +36,17 @@ def needs_reference(cfg: Config) -> bool:
     return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
+def check_resume_state(src: Path, *, critic: bool) -> None:
+    """A clear error for a checkpoint that holds the actor alone: a DVC checkout of a checkpoint other than the
+    run's last (tracking.dvc_resume_state=last versions the critic and optimizer state with the last one only)."""
+    missing = [d for d in (["critic"] if critic else []) + ["deepspeed"] if not (src / d).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint {src} has no {' or '.join(d + '/' for d in missing)} (the resume state); "
+                                f"a DVC checkout of a checkpoint other than a run's last holds the actor only "
+                                f"(tracking.dvc_resume_state=last): resume from the run's last checkpoint, or load "
+                                f"this one's actor/ as model.base to start a new run from it")
+
+
 class Trainer:
     def __init__(self, cfg: Config, *, resume: str | Path | None = None, model_path: str | None = None,
                  renderer: Any = None) -> None:
@@ -50,6 +61,8 @@ class Trainer:
         if src is not None and not (src / COMPLETE).is_file():
             raise FileNotFoundError(f"checkpoint {src} is incomplete or missing (no {COMPLETE} marker); resume from "
                                     f"an earlier checkpoint")
+        if src is not None:
+            check_resume_state(src, critic=cfg.algorithm.adv_estimator == "gae")
         trc = cfg.model.trust_remote_code
         actor = load_actor(str(src / "actor") if src else base, trust_remote_code=trc,
                            gradient_checkpointing=cfg.actor.gradient_checkpointing)
