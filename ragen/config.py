@@ -75,10 +75,20 @@ class EnvsConfig(_Section):
     val: EnvSplit = EnvSplit(tags=["SimpleSokoban"], n_groups=[256], group_size=1)
     train_seed: int = Field(10000, ge=0, description="train iteration k uses seeds train_seed + env_groups*k + g")
     val_seed: int = Field(123, ge=0, description="val always uses seeds val_seed + g")
+    train_seeds: list[int] | None = Field(
+        None, description="train on these seeds only (a positive control: one seed): group g of iteration k resets "
+                          "with train_seeds[(env_groups * k + g) % len]; null: train_seed + env_groups * k + g")
     group_rng: Literal["independent", "shared"] = Field(
         "independent", description="members share the initial state; 'shared' also shares the RNG stream")
     custom: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-tag overrides or new tags: {Tag: {base: Bandit, env_kwargs: {}}}")
+
+    @field_validator("train_seeds")
+    @classmethod
+    def _train_seeds(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(x < 0 for x in v)):
+            raise ValueError(f"train_seeds must be null or a non-empty list of non-negative seeds, got {v}")
+        return v
 
     def for_mode(self, mode: str) -> tuple[EnvSplit, int]:
         """The split and base seed of a reset mode ("train" or "val")."""
@@ -152,6 +162,10 @@ class AlgorithmConfig(_Section):
     kl_horizon: int = Field(10000, ge=1)
     filter_ratio: float = Field(0.25, gt=0.0, le=1.0, description="fraction of seed groups kept")
     filter_type: Literal["std", "std_rev", "max_mean", "top_p"] = "std"
+    zero_variance_groups: Literal["drop", "keep"] = Field(
+        "drop", description="drop: a kept group whose members all scored the same gives the actor no advantage "
+                            "and no step (the critic still learns from it); keep: the original (whitening turns "
+                            "its critic-noise advantages into unit-size ones)")
 
 
 class OptimConfig(_Section):
@@ -186,7 +200,12 @@ class ActorConfig(OptimConfig):
 
 class CriticConfig(OptimConfig):
     lr: float = Field(1e-5, gt=0.0)
-    cliprange_value: float = Field(0.5, gt=0.0)
+    cliprange_value: float = Field(0.5, gt=0.0, description="PPO value clip around the old values, in units of "
+                                   "value_scale")
+    value_head_lr: float | None = Field(None, gt=0.0, description="the value head's own AdamW rate (null: lr); a "
+                                        "zero-initialised head at the backbone's rate moves by about lr per step")
+    value_scale: float = Field(1.0, gt=0.0, description="the returns' scale: the head predicts V / value_scale, and "
+                               "the value loss and clip are taken in those units (1: the original)")
 
 
 class TrainerConfig(_Section):
@@ -196,7 +215,8 @@ class TrainerConfig(_Section):
     checkpoint_every: int = Field(10, ge=1, description="save a checkpoint every N iterations (and at the end)")
     seed: int = Field(0, ge=0, description="run seed for sampling and initialisation")
     run_dir: str = "runs"
-    critic_warmup: int = Field(0, ge=0)
+    critic_warmup: int = Field(0, ge=0, description="value-only iterations first: the actor moves from "
+                               "iteration critic_warmup on (veRL's critic_warmup)")
 
 
 class EvalConfig(_Section):

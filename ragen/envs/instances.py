@@ -40,12 +40,17 @@ def group_tags(tags: Sequence[str], n_groups: Sequence[int]) -> list[str]:
 
 
 def plan_instances(tags: Sequence[str], n_groups: Sequence[int], group_size: int, base_seed: int,
-                   group_rng: GroupRng = "independent") -> list[Instance]:
-    """All envs of one reset: group g has seed base_seed + g; members share it; env_id = g * size + m."""
+                   group_rng: GroupRng = "independent", seed_cycle: Sequence[int] | None = None) -> list[Instance]:
+    """All envs of one reset: group g has seed base_seed + g (or, with ``seed_cycle``, the entry base_seed + g
+    of it, cyclically); members share it; env_id = g * size + m."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     per_group = group_tags(tags, n_groups)
-    return [Instance(g * group_size + m, tag, g, m, base_seed + g, member_stream(m, group_rng))
+
+    def seed(g: int) -> int:
+        return base_seed + g if not seed_cycle else int(seed_cycle[(base_seed + g) % len(seed_cycle)])
+
+    return [Instance(g * group_size + m, tag, g, m, seed(g), member_stream(m, group_rng))
             for g, tag in enumerate(per_group) for m in range(group_size)]
 
 
@@ -61,14 +66,18 @@ def optimal_length_of(env: TextEnv) -> int | None:
 
 def generate_instances(tags: Sequence[str], n_groups: Sequence[int], group_size: int, *, seed: int,
                        iteration: int = 0, mode: Literal["train", "val"] = "train",
-                       group_rng: GroupRng = "independent",
-                       tag_specs: Mapping[str, TagSpec] | None = None) -> pd.DataFrame:
+                       group_rng: GroupRng = "independent", tag_specs: Mapping[str, TagSpec] | None = None,
+                       seed_cycle: Sequence[int] | None = None) -> pd.DataFrame:
     """The instances table of one iteration. ``seed`` is the train or val base seed: train iteration k starts
-    at seed + env_groups * k, val always at seed. One row per env."""
+    at seed + env_groups * k, val always at seed. One row per env. ``seed_cycle`` (envs.train_seeds): group g of
+    iteration k takes its entry env_groups * k + g instead, cyclically."""
     env_groups = sum(n_groups)
-    base = group_base_seed(mode, iteration, env_groups, seed)
-    return build_instances(plan_instances(tags, n_groups, group_size, base, group_rng), iteration=iteration,
-                           mode=mode, tag_specs=tag_specs)
+    if seed_cycle:
+        base = group_base_seed(mode, iteration, env_groups, 0)
+    else:
+        base = group_base_seed(mode, iteration, env_groups, seed)
+    return build_instances(plan_instances(tags, n_groups, group_size, base, group_rng, seed_cycle),
+                           iteration=iteration, mode=mode, tag_specs=tag_specs)
 
 
 def seeded_instances(tag_seeds: Sequence[tuple[str, int]], group_size: int, *, mode: Literal["train", "val"] = "val",

@@ -24,7 +24,8 @@ def instances_for(cfg: Config, mode: str, iteration: int = 0) -> pd.DataFrame:
         raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
     split, seed = cfg.envs.for_mode(mode)
     return generate_instances(split.tags, split.n_groups, split.group_size, seed=seed, iteration=iteration,
-                              mode=mode, group_rng=cfg.envs.group_rng, tag_specs=cfg.tag_specs())  # type: ignore[arg-type]
+                              mode=mode, group_rng=cfg.envs.group_rng, tag_specs=cfg.tag_specs(),  # type: ignore[arg-type]
+                              seed_cycle=cfg.envs.train_seeds if mode == "train" else None)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,26 +89,44 @@ def load_ds_config(path: str | Path, *, grad_clip: float, dtype: str | None = No
     return cfg
 
 
+def param_groups(model: nn.Module, lr: float, lr_of: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+    """The trainable parameters as AdamW groups: those under a module prefix of ``lr_of`` (e.g. ``value_head``)
+    at that rate, the rest at ``lr``. Each group keeps its rate as a multiple of ``lr`` (``lr_scale``), so
+    ``set_lr`` moves all of them together."""
+    lr_of = dict(lr_of or {})
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = []
+    for prefix, rate in lr_of.items():
+        ps = [p for n, p in named if n == prefix or n.startswith(prefix + ".")]
+        if not ps:
+            raise ValueError(f"no trainable parameters under {prefix!r} to give their own learning rate")
+        groups.append({"params": ps, "lr": rate, "lr_scale": rate / lr})
+    taken = {id(p) for g in groups for p in g["params"]}
+    rest = [p for _, p in named if id(p) not in taken]
+    return [{"params": rest, "lr": lr, "lr_scale": 1.0}, *groups]
+
+
 def make_engine(model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float, grad_clip: float,
-                ds_config: str | Path, dtype: str | None = None) -> Any:
-    """A DeepSpeed engine with AdamW (constant lr). Precision comes from the config file; ``dtype="fp32"``
-    forces full precision whatever the file says."""
+                ds_config: str | Path, dtype: str | None = None, lr_of: Mapping[str, float] | None = None) -> Any:
+    """A DeepSpeed engine with AdamW (constant lr; ``lr_of``: module prefixes at their own rate). Precision
+    comes from the config file; ``dtype="fp32"`` forces full precision whatever the file says."""
     import deepspeed
 
     ensure_distributed()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
+    opt = torch.optim.AdamW(param_groups(model, lr, lr_of), lr=lr, betas=betas, weight_decay=weight_decay,
+                            fused=True)
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt,
                                       config=load_ds_config(ds_config, grad_clip=grad_clip, dtype=dtype))
     return engine
 
 
 def set_lr(engine: Any, lr: float) -> None:
-    """Set the learning rate of every parameter group, in DeepSpeed's optimizer wrapper and the AdamW inside."""
+    """Set the learning rate of every parameter group (``lr`` times the group's ``lr_scale``), in DeepSpeed's
+    optimizer wrapper and the AdamW inside."""
     opt = engine.optimizer
     for o in (opt, getattr(opt, "optimizer", None)):
         for group in getattr(o, "param_groups", None) or []:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
 def lrs(engine: Any) -> list[float]:

@@ -34,11 +34,13 @@ def load_reference(path: str, *, dtype: str = "bf16", trust_remote_code: bool = 
 
 
 class Critic(nn.Module):
-    """The actor's backbone with a new scalar value head (fp32, zero-initialised so V starts at 0)."""
+    """The actor's backbone with a new scalar value head (fp32, zero-initialised so V starts at 0). The head
+    predicts V / value_scale, so a head of unit-size outputs serves returns of any scale."""
 
-    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+    def __init__(self, backbone: nn.Module, hidden_size: int, value_scale: float = 1.0) -> None:
         super().__init__()
         self.backbone = backbone
+        self.value_scale = float(value_scale)
         self.value_head = nn.Linear(hidden_size, 1)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
@@ -47,18 +49,19 @@ class Critic(nn.Module):
         h = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         # in the head's own precision: fp32 weights read fp32 states; DeepSpeed bf16 makes the head bf16 too
         v = self.value_head(h.to(self.value_head.weight.dtype)).float().squeeze(-1)  # (b, L): value after token t
+        v = v * self.value_scale
         return torch.nn.functional.pad(v[:, :-1], (1, 0))  # value of the state before token t
 
 
 def load_critic(path: str, *, trust_remote_code: bool = False, gradient_checkpointing: bool = False,
-                value_head: str | Path | None = None) -> Critic:
+                value_head: str | Path | None = None, value_scale: float = 1.0) -> Critic:
     from transformers import AutoModel
 
     backbone = AutoModel.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code)
     backbone.config.use_cache = False
     if gradient_checkpointing:
         backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    critic = Critic(backbone, backbone.config.hidden_size)
+    critic = Critic(backbone, backbone.config.hidden_size, value_scale)
     if value_head is not None:
         from safetensors.torch import load_file
 

@@ -3,15 +3,19 @@ The reference that DeepSpeed is measured against (``ragen bench train``) and che
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
+
+from ragen.train.ds import param_groups
 
 
 class PlainEngine:
     def __init__(self, model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float,
-                 grad_clip: float) -> None:
+                 grad_clip: float, lr_of: Mapping[str, float] | None = None) -> None:
         self.module = model
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas,
+        self.optimizer = torch.optim.AdamW(param_groups(model, lr, lr_of), lr=lr, betas=betas,
                                            weight_decay=weight_decay, fused=True)
         self.grad_clip = grad_clip
         self.global_steps = 0

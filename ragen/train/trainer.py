@@ -36,6 +36,11 @@ def needs_reference(cfg: Config) -> bool:
     return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
+def critic_lr_of(cfg: Config) -> dict[str, float]:
+    """The critic's parameter groups with their own rate: the value head at critic.value_head_lr when set."""
+    return {"value_head": cfg.critic.value_head_lr} if cfg.critic.value_head_lr is not None else {}
+
+
 def check_resume_state(src: Path, *, critic: bool) -> None:
     """A clear error for a checkpoint that holds the actor alone: a DVC checkout of a checkpoint other than the
     run's last (tracking.dvc_resume_state=last versions the critic and optimizer state with the last one only)."""
@@ -73,10 +78,12 @@ class Trainer:
         if cfg.algorithm.adv_estimator == "gae":
             critic = load_critic(str(src / "critic") if src else base, trust_remote_code=trc,
                                  gradient_checkpointing=cfg.critic.gradient_checkpointing,
-                                 value_head=(src / "critic" / VALUE_HEAD) if src else None)
+                                 value_head=(src / "critic" / VALUE_HEAD) if src else None,
+                                 value_scale=cfg.critic.value_scale)
             c = cfg.critic
             self.critic = make_engine(critic, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
-                                      grad_clip=c.grad_clip, ds_config=c.deepspeed_config)
+                                      grad_clip=c.grad_clip, ds_config=c.deepspeed_config,
+                                      lr_of=critic_lr_of(cfg))
         self.ref = load_reference(base, dtype=model_dtype(cfg), trust_remote_code=trc) if needs_reference(cfg) else None
         if src is not None:
             self._load_optimizer_state(src)

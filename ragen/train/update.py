@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ragen.algos.advantages import bi_level_gae, gae, group_index, grpo, normalize_scores
+from ragen.algos.advantages import NORM_EPS, bi_level_gae, gae, group_index, grpo, normalize_scores
 from ragen.algos.losses import agg_loss, kl_penalty, policy_terms, value_terms
 from ragen.algos.masked import masked_mean
 from ragen.config import Config
@@ -97,6 +97,19 @@ def token_rewards(cfg: Config, seqs: Sequences) -> tuple[torch.Tensor, torch.Ten
     return rewards, normed
 
 
+def group_signal(seqs: Sequences) -> torch.Tensor:
+    """(B,) bool: whether a trajectory's seed group has reward variance (its members' scores differ). A group of
+    one has no group variance to judge by and counts as signal (a critic baseline still gives it one)."""
+    scores = np.asarray(seqs.scores, dtype=np.float64)
+    groups = np.asarray(seqs.groups)
+    out = np.ones(len(scores), dtype=bool)
+    for g in np.unique(groups):
+        sel = groups == g
+        if sel.sum() > 1 and float(np.std(scores[sel], ddof=1)) <= NORM_EPS:  # GRPO's "no signal" too
+            out[sel] = False
+    return torch.from_numpy(out)
+
+
 def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref: Any = None, pad_id: int,
            rank: int = 0, world: int = 1, iteration: int = 0, pad_to_longest: bool = False) -> UpdateResult:
     """One update. ``actor``/``critic`` are DeepSpeed engines (or anything with backward/step/module);
@@ -165,18 +178,28 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
         if ref_logp is None:
             raise ValueError("algorithm.use_kl_in_reward needs the reference model")
         rewards = rewards - a.kl_coef * kl_penalty(old_logp, ref_logp, a.kl_penalty) * mask
+    # the actor learns only from groups whose members scored differently (algorithm.zero_variance_groups=drop);
+    # the critic learns from every kept trajectory
+    signal = group_signal(seqs) if a.zero_variance_groups == "drop" else torch.ones(B, dtype=torch.bool)
+    actor_mask = mask & signal[:, None]
+    metrics["actor/signal_trajectories"] = float(signal.sum())
+    metrics["actor/zero_variance_groups"] = float(len(set(seqs.groups[~signal.numpy()].tolist())))
     if a.adv_estimator == "grpo":
-        adv = grpo(scores, torch.as_tensor(seqs.groups), mask,
+        adv = grpo(scores, torch.as_tensor(seqs.groups), actor_mask,
                    norm="mean_std" if a.reward_norm_method != "mean" else "mean", length_weight=a.grpo_length_weight)
         returns = None
     elif a.bi_level_gae:
-        adv, returns = bi_level_gae(rewards, values, mask, ends, gamma=a.gamma, lam=a.lam,  # type: ignore[arg-type]
-                                    high_level_gamma=a.high_level_gamma)
+        adv, returns = bi_level_gae(rewards, values, actor_mask, ends,  # type: ignore[arg-type]
+                                    gamma=a.gamma, lam=a.lam, high_level_gamma=a.high_level_gamma)
     else:
-        adv, returns = gae(rewards, values, mask, valid, gamma=a.gamma, lam=a.lam)  # type: ignore[arg-type]
-    metrics.update({"critic/score/mean": float(scores.mean()), "critic/advantages/mean": float(masked_mean(adv, mask)),
-                    "critic/advantages/max": float(adv[mask].max()) if mask.any() else 0.0,
-                    "critic/advantages/min": float(adv[mask].min()) if mask.any() else 0.0})
+        adv, returns = gae(rewards, values, actor_mask, valid, gamma=a.gamma, lam=a.lam)  # type: ignore[arg-type]
+    has = bool(actor_mask.any())
+    if not has:  # nothing to whiten over; no actor step follows
+        adv = torch.zeros_like(adv)
+    metrics.update({"critic/score/mean": float(scores.mean()),
+                    "critic/advantages/mean": float(masked_mean(adv, actor_mask)) if has else 0.0,
+                    "critic/advantages/max": float(adv[actor_mask].max()) if has else 0.0,
+                    "critic/advantages/min": float(adv[actor_mask].min()) if has else 0.0})
     if returns is not None and values is not None:
         metrics["critic/returns/mean"] = float(masked_mean(returns, mask))
         metrics["critic/values/mean"] = float(masked_mean(values, mask))
@@ -194,13 +217,18 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
                                                 world, pad_to, bf16=critic_bf16)
                     _record(result, lists, step_metrics, "critic")
     # -- actor ---------------------------------------------------------------------------------------------
+    no_signal = 0
     if iteration >= cfg.trainer.critic_warmup:
         with clock("actor_training"):
             for _ in range(ac.ppo_epochs):
                 for mini in minibatches(ac.ppo_mini_batch_size):
-                    step_metrics = _actor_step(cfg, actor, seqs, mini, old_logp, ref_logp, adv, mask, pad_id, rank,
-                                               world, pad_to, bf16=actor_bf16)
+                    if not actor_mask[mini].any():  # no signal, no step (AdamW would still move the weights)
+                        no_signal += 1
+                        continue
+                    step_metrics = _actor_step(cfg, actor, seqs, mini, old_logp, ref_logp, adv, actor_mask, pad_id,
+                                               rank, world, pad_to, bf16=actor_bf16)
                     _record(result, lists, step_metrics, "actor")
+    result.metrics["actor/no_signal_minibatches"] = float(no_signal)
     for k, v in lists.items():
         finite = [x for x in v if math.isfinite(x)]
         result.metrics[k] = float(np.mean(finite)) if finite else float("nan")
@@ -306,7 +334,7 @@ def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_l
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         lp, ent = token_logprobs(m, mb.input_ids, mb.attention_mask, cfg.rollout.temperature, with_entropy=True,
                                  bf16=bf16, positions=mb.loss_mask)
-        msk = mb.loss_mask
+        msk = mb.loss_mask & _rows(mask, mb)  # the trained tokens of trajectories with signal
         terms = policy_terms(lp, _rows(old_logp, mb), _rows(adv, mb), ac.clip_ratio_low, ac.clip_ratio_high,
                              ac.clip_ratio_c)
         pg = agg_loss(terms.loss_mat, msk, ac.loss_agg_mode, denom, norm_len)
@@ -341,7 +369,8 @@ def _critic_step(cfg: Config, critic: Any, seqs: Sequences, mini: list[int], old
         with bf16_autocast(bf16):
             v = m(mb.input_ids, mb.attention_mask)
         v = v.float()
-        loss_mat, clipped = value_terms(v, _rows(old_values, mb), _rows(returns, mb), cc.cliprange_value)
+        s = cc.value_scale  # loss and clip in the head's units (V / value_scale)
+        loss_mat, clipped = value_terms(v / s, _rows(old_values, mb) / s, _rows(returns, mb) / s, cc.cliprange_value)
         loss = agg_loss(loss_mat, mb.loss_mask, "token-mean", n_tokens)
         parts = {"critic/vf_loss": float(loss.detach()),
                  "critic/vf_clipfrac": float((clipped & mb.loss_mask).sum()) / n_tokens,

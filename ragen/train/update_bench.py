@@ -102,6 +102,7 @@ def run_update(cfg: Config, seqs: Sequences, path: str, pad_id: int, *, engine: 
     from ragen.train.ds import make_engine
     from ragen.train.models import load_actor, load_critic
     from ragen.train.plain import PlainEngine
+    from ragen.train.trainer import critic_lr_of
     from ragen.train.update import update
 
     if compute_dtype is not None:
@@ -109,11 +110,13 @@ def run_update(cfg: Config, seqs: Sequences, path: str, pad_id: int, *, engine: 
                                      for s in ("actor", "critic")})
     torch.manual_seed(seed)
     models = {"actor": load_actor(path, gradient_checkpointing=cfg.actor.gradient_checkpointing),
-              "critic": load_critic(path, gradient_checkpointing=cfg.critic.gradient_checkpointing)}
+              "critic": load_critic(path, gradient_checkpointing=cfg.critic.gradient_checkpointing,
+                                    value_scale=cfg.critic.value_scale)}
     engines = {}
     for name, module in models.items():
         o = getattr(cfg, name)
-        kw = dict(lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip)
+        kw = dict(lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+                  lr_of=critic_lr_of(cfg) if name == "critic" else None)
         engines[name] = make_engine(module, ds_config=o.deepspeed_config, **kw) if engine == "deepspeed" else \
             PlainEngine(module, **kw)
     t0 = time.perf_counter()

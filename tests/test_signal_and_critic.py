@@ -1,0 +1,122 @@
+"""No signal, no step (algorithm.zero_variance_groups) and a critic that can learn (critic.value_head_lr,
+critic.value_scale), on the tiny model; and the positive control's training seeds (envs.train_seeds)."""
+
+import numpy as np
+import pytest
+import torch
+from test_update import SMALL, engines, flat
+
+from ragen.config import load_config
+from ragen.envs.instances import plan_instances
+from ragen.train.batch import Sequences
+from ragen.train.update import group_signal, update
+
+
+def sequences(scores, groups, n=6):
+    """Trajectories of n tokens (prompt 0-1, response 2..n-1), the score on the last token."""
+    B = len(scores)
+    rng = np.random.default_rng(0)
+    ends = [np.eye(n, dtype=bool)[n - 1] for _ in range(B)]
+    return Sequences(input_ids=[rng.integers(3, 500, n) for _ in range(B)],
+                     loss_mask=[np.array([0, 0] + [1] * (n - 2), bool) for _ in range(B)],
+                     rewards=[np.r_[np.zeros(n - 1), s] for s in scores], turn_ends=ends,
+                     scores=np.asarray(scores, dtype=float), groups=np.asarray(groups), tags=["t"] * B)
+
+
+@pytest.mark.unit
+def test_group_signal_marks_groups_whose_members_scored_alike():
+    seqs = sequences([1.0, 1.0, 0.0, 2.0, 5.0, -0.1, -0.1], [0, 0, 1, 1, 2, 3, 3])
+    # group 0 all 1.0, group 3 all -0.1: no signal; group 1 differs; group 2 is a single trajectory
+    assert group_signal(seqs).tolist() == [False, False, True, True, True, False, False]
+
+
+@pytest.mark.unit
+def test_train_seeds_cycle_through_the_given_seeds():
+    plan = plan_instances(["A"], [3], 2, base_seed=3 * 2, seed_cycle=[7, 8])  # iteration 2 of 3 groups
+    assert [(i.group, i.seed) for i in plan] == [(0, 7), (0, 7), (1, 8), (1, 8), (2, 7), (2, 7)]
+    assert [i.seed for i in plan_instances(["A"], [2], 1, base_seed=10)] == [10, 11]
+    cfg = load_config(None, [], ["envs.train_seeds=[42]", "envs.train.tags=[SimpleSokoban]", "envs.train.n_groups=[2]",
+                                 "envs.train.group_size=2", "algorithm.filter_ratio=1.0",
+                                 "actor.ppo_mini_batch_size=4", "critic.ppo_mini_batch_size=4"])
+    from ragen.rollout.runner import instances_for
+
+    for k in (0, 5):
+        assert set(instances_for(cfg, "train", k)["seed"]) == {42}
+    assert set(instances_for(cfg, "val")["seed"]) != {42}
+    with pytest.raises(ValueError, match="train_seeds"):
+        load_config(None, [], ["envs.train_seeds=[]"])
+
+
+GRPO = [*SMALL, "algorithm.adv_estimator=grpo", "actor.ppo_mini_batch_size=8", "actor.lr=1e-2"]
+
+
+@pytest.mark.integration
+def test_a_zero_variance_group_moves_the_actor_no_more_than_its_absence(tokenizer):
+    """drop: the batch {no-signal group, signal group} updates the actor exactly as the signal group alone does
+    (zero advantage, and none of its tokens in the denominators); keep (the original) differs."""
+    pad = tokenizer.pad_token_id
+    both = sequences([1.0, 1.0, 1.0, 0.0, 1.0, 0.0], [0, 0, 0, 1, 1, 1])
+    alone = Sequences(*[x[3:] for x in (
+        both.input_ids, both.loss_mask, both.rewards, both.turn_ends, both.scores, both.groups, both.tags)])
+    out = {}
+    for name, seqs, mode in (("both-drop", both, "drop"), ("alone", alone, "drop"), ("both-keep", both, "keep")):
+        cfg = load_config(None, ["cpu-small"], [*GRPO, f"algorithm.zero_variance_groups={mode}"])
+        actor, _ = engines(cfg, "plain")
+        res = update(cfg, seqs, actor, pad_id=pad)
+        out[name] = (flat(actor), res)
+    assert torch.equal(out["both-drop"][0], out["alone"][0])
+    assert not torch.allclose(out["both-keep"][0], out["alone"][0])
+    m = out["both-drop"][1].metrics
+    assert m["actor/zero_variance_groups"] == 1 and m["actor/signal_trajectories"] == 3
+    assert out["both-keep"][1].metrics["actor/zero_variance_groups"] == 0
+
+
+@pytest.mark.integration
+def test_no_signal_no_step_but_the_critic_still_learns(tokenizer):
+    cfg = load_config(None, ["cpu-small"], [*SMALL, "algorithm.zero_variance_groups=drop"])
+    seqs = sequences([1.0, 1.0, 0.5, 0.5], [0, 0, 1, 1])
+    actor, critic = engines(cfg, "plain")
+    a0, c0 = flat(actor).clone(), flat(critic).clone()
+    res = update(cfg, seqs, actor, critic=critic, pad_id=tokenizer.pad_token_id)
+    assert res.actor_steps == 0 and res.metrics["actor/no_signal_minibatches"] == 1
+    assert torch.equal(flat(actor), a0)  # not even AdamW's weight decay
+    assert res.critic_steps == 1 and not torch.equal(flat(critic), c0)
+
+
+@pytest.mark.integration
+def test_value_scale_and_head_rate(tokenizer):
+    """value_scale s: the zero-initialised head's first loss is 0.5 * mean((R / s)^2) over the trained tokens;
+    value_head_lr: AdamW's first step moves every head weight with a gradient by that rate (|m / sqrt(v)| = 1),
+    and halving the critic's rate (the collapse guard's remedy) halves both."""
+    from ragen.train.ds import lrs, set_lr
+    from ragen.train.plain import PlainEngine
+    from ragen.train.trainer import critic_lr_of
+
+    scores = [4.0, 0.0, 10.0, 2.0]
+    seqs = sequences(scores, [0, 0, 1, 1])
+    cfg = load_config(None, ["cpu-small"], [*SMALL, "critic.value_scale=5.0", "critic.value_head_lr=0.01",
+                                            "critic.lr=1e-6", "critic.weight_decay=0.0", "algorithm.gamma=1.0",
+                                            "algorithm.lam=1.0", "critic.ppo_mini_batch_size=4"])
+    from ragen.models import TINY_MODEL, ensure_model
+    from ragen.train.models import load_critic
+
+    torch.manual_seed(0)
+    critic = load_critic(ensure_model(TINY_MODEL), value_scale=cfg.critic.value_scale)
+    c = cfg.critic
+    eng = PlainEngine(critic, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay, grad_clip=100.0,
+                      lr_of=critic_lr_of(cfg))
+    actor, _ = engines(cfg, "plain")
+    res = update(cfg, seqs, actor, critic=eng, pad_id=tokenizer.pad_token_id)
+    # returns = the score at each of the 4 trained tokens of every trajectory (gamma = lam = 1, V = 0)
+    assert res.metrics["critic/vf_loss"] == pytest.approx(0.5 * np.mean(np.square(np.array(scores) / 5.0)), rel=1e-5)
+    w = critic.value_head.weight.detach()
+    moved = w[w != 0].abs()
+    assert moved.numel() > 0 and torch.allclose(moved, torch.full_like(moved, 0.01), rtol=1e-3)
+    assert lrs(eng) == pytest.approx([1e-6, 0.01])
+    set_lr(eng, 0.5e-6)
+    assert lrs(eng) == pytest.approx([0.5e-6, 0.005])
+    with torch.no_grad():
+        critic.value_head.bias.fill_(1.0)
+        critic.value_head.weight.zero_()
+    ids = torch.tensor(seqs.input_ids[0])[None]
+    assert critic(ids, torch.ones_like(ids))[0, 1:].tolist() == pytest.approx([5.0] * 5)  # V = s * head
