@@ -157,6 +157,9 @@ class AlgorithmConfig(_Section):
     use_kl_in_reward: bool = Field(False, description="subtract kl_coef * KL(old, ref) from token rewards")
     kl_penalty: Literal["kl", "abs", "mse", "low_var_kl"] = "kl"
     kl_coef: float = Field(0.0, ge=0.0)
+    kl_monitor: bool = Field(False, description="score every update's batch under the reference (the run's starting "
+                             "weights) to log rollout/kl_old_ref, the KL to the start, without a KL term (one more "
+                             "scoring pass per update)")
     kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
     kl_target: float = Field(0.1, gt=0.0)
     kl_horizon: int = Field(10000, ge=1)

@@ -120,3 +120,26 @@ def test_value_scale_and_head_rate(tokenizer):
         critic.value_head.weight.zero_()
     ids = torch.tensor(seqs.input_ids[0])[None]
     assert critic(ids, torch.ones_like(ids))[0, 1:].tolist() == pytest.approx([5.0] * 5)  # V = s * head
+
+
+@pytest.mark.integration
+def test_kl_monitor_scores_the_reference_without_a_kl_term(tokenizer):
+    """algorithm.kl_monitor loads the reference for a KL-to-start metric only: 0 while the actor is the start,
+    positive once it moved, and the actor's step is the one without a monitor."""
+    from ragen.models import TINY_MODEL, ensure_model
+    from ragen.train.models import load_actor
+    from ragen.train.trainer import needs_reference
+
+    cfg = load_config(None, ["cpu-small"], [*GRPO, "algorithm.kl_monitor=true"])
+    assert needs_reference(cfg) and not needs_reference(load_config(None, ["cpu-small"], GRPO))
+    seqs = sequences([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1])
+    ref = load_actor(ensure_model(TINY_MODEL)).eval()
+    actor, _ = engines(cfg, "plain")
+    first = update(cfg, seqs, actor, ref=ref, pad_id=tokenizer.pad_token_id)
+    assert first.metrics["rollout/kl_old_ref"] == pytest.approx(0.0, abs=1e-6)
+    second = update(cfg, seqs, actor, ref=ref, pad_id=tokenizer.pad_token_id)
+    assert abs(second.metrics["rollout/kl_old_ref"]) > 1e-4  # k1 on scripted (not sampled) tokens: either sign
+    plain, _ = engines(cfg, "plain")
+    update(load_config(None, ["cpu-small"], GRPO), seqs, plain, pad_id=tokenizer.pad_token_id)
+    update(load_config(None, ["cpu-small"], GRPO), seqs, plain, pad_id=tokenizer.pad_token_id)
+    assert torch.equal(flat(plain), flat(actor))

@@ -33,7 +33,7 @@ def filter_rollouts(cfg: Config, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[s
 
 
 def needs_reference(cfg: Config) -> bool:
-    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward or cfg.algorithm.kl_monitor
 
 
 def critic_lr_of(cfg: Config) -> dict[str, float]:
