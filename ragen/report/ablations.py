@@ -115,6 +115,8 @@ def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, 
             summary.append((f, "not run"))
             continue
         lines += [f"## {f.title}", "", f"Paper: {f.statement}", ""]
+        if f.note:
+            lines += [f"Note: {f.note}", ""]
         header = "| experiment | " + " | ".join(f"{t} ours | {t} paper" for t in f.tags) + " |"
         lines += [header, "|" + "---|" * (1 + 2 * len(f.tags))]
         for n in names:
