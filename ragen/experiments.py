@@ -38,8 +38,9 @@ class Scale:
     iterations: int  # trainer.total_training_steps of an Online-1 run
 
 
-# the ablations measure the paper's algorithms as they are: no collapse guard rolling a run back
-PAPER_FAITHFUL = ("guard.enabled=false",)
+# the ablations measure the paper's algorithms as they are: no collapse guard rolling a run back, and a kept
+# group without reward variance still trained on (the original)
+PAPER_FAITHFUL = ("guard.enabled=false", "algorithm.zero_variance_groups=keep")
 SCALES: dict[str, Scale] = {
     # One update per rollout as the paper (filter 25% of 8 groups x 8 keeps 16 = one mini-batch); a 32-seed panel
     # per tag every 5 iterations; no checkpoints kept beyond the last (the grid keeps metrics, not weights).

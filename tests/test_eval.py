@@ -118,6 +118,14 @@ def test_echo_trap_flags_by_hand():
     spike = healthy[:4] + [{**healthy[0], "actor/grad_norm": 50.0}]
     assert echo_trap(spike)["echo/grad_spike"] == 1.0 and "echo/std_ratio" not in echo_trap(spike)
     assert first_warning(collapsing) == 5 and first_warning(healthy) is None
+    # the std falls because every member now succeeds (the mean score rose 0.3 -> 0.9): convergence, no warning;
+    # the same fall with a flat score is the Echo Trap
+    converged = [{**h, "rollout/in_group_mean": 0.3} for h in healthy[:3]] + \
+        [{**h, "rollout/in_group_mean": 0.9} for h in collapsing[3:]]
+    d = echo_trap(converged)
+    assert d["echo/reward_change"] == pytest.approx(0.6) and d["echo/std_collapse"] == 0.0 and d["echo/warning"] == 0.0
+    flat = [{**h, "rollout/in_group_mean": 0.3} for h in collapsing]
+    assert echo_trap(flat)["echo/std_collapse"] == 1.0 and echo_trap(flat)["echo/reward_change"] == 0.0
 
 
 def test_claim_and_finding_verdicts():

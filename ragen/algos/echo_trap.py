@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 STD = "rollout/in_group_std"
 ENTROPY = "actor/entropy_loss"
 GRAD = "actor/grad_norm"
+REWARD = "rollout/in_group_mean"  # the batch's mean score, before the filter
 
 
 def _finite(xs: Sequence[float]) -> list[float]:
@@ -36,7 +37,9 @@ def echo_trap(history: Sequence[Mapping[str, float]], window: int = 3, std_colla
     """Diagnostics at the last entry of ``history`` (one metrics dict per iteration, oldest first):
 
     * ``echo/std_ratio``: mean in-group std over the last ``window`` iterations / over the first ``window``;
-      ``echo/std_collapse`` = 1 when it is below ``std_collapse``;
+      ``echo/std_collapse`` = 1 when it is below ``std_collapse`` and the mean score did not rise
+      (``echo/reward_change``, recent minus baseline): every member of a group succeeding alike is convergence,
+      not the Echo Trap;
     * ``echo/entropy_change``: |recent mean entropy / baseline - 1|; ``echo/entropy_shift`` = 1 above
       ``entropy_change``; ``echo/entropy_rise`` = 1 when the entropy rose by more than that (a blow-up);
     * ``echo/grad_norm_ratio``: the last grad norm / the median of all earlier ones; ``echo/grad_spike`` = 1
@@ -51,7 +54,10 @@ def echo_trap(history: Sequence[Mapping[str, float]], window: int = 3, std_colla
         b, r = _mean([h.get(STD, math.nan) for h in base]), _mean([h.get(STD, math.nan) for h in recent])
         ratio = r / b if b > 0 else (math.nan if math.isnan(r) or math.isnan(b) else 1.0)
         out["echo/std_ratio"] = ratio
-        flags.append(("echo/std_collapse", math.isfinite(ratio) and ratio < std_collapse))
+        rb, rr = _mean([h.get(REWARD, math.nan) for h in base]), _mean([h.get(REWARD, math.nan) for h in recent])
+        out["echo/reward_change"] = rr - rb
+        rose = math.isfinite(rr - rb) and rr > rb
+        flags.append(("echo/std_collapse", math.isfinite(ratio) and ratio < std_collapse and not rose))
         be, re = _mean([h.get(ENTROPY, math.nan) for h in base]), _mean([h.get(ENTROPY, math.nan) for h in recent])
         change = abs(re / be - 1) if be and math.isfinite(be) and math.isfinite(re) else math.nan
         out["echo/entropy_change"] = change

@@ -42,7 +42,8 @@ _ITER = re.compile(r"^iter_(\d{5})$")
 # (the sync gate's calibration only decides whether a run stops, never what a run that goes on computes;
 # model.emulated_bf16=fp32 changes nothing on the bf16-native CPU the committed grid ran on)
 LATER_KEYS = {"actor.compute_dtype": "fp32", "critic.compute_dtype": "fp32", "rollout.sync_floor_factor": 2.0,
-              "model.emulated_bf16": "fp32"}
+              "model.emulated_bf16": "fp32", "algorithm.zero_variance_groups": "keep", "algorithm.kl_monitor": False,
+              "critic.value_head_lr": None, "critic.value_scale": 1.0, "envs.train_seeds": None}
 RESUME_FREE = ("trainer.total_training_steps", "rollout.progress", "tracking.", "diagnostics.")
 
 
@@ -212,8 +213,8 @@ class RunDir:
 def identity(flat: dict[str, Any]) -> dict[str, Any]:
     """The settings that make a run's data, from a flattened config: the warm-start and SFT settings count only
     when the run starts from a warm-start (``model.warm_start`` off, or auto without thinking, leaves them out),
-    the collapse guard's only when it is enabled, and ``LATER_KEYS`` only away from their defaults, so a run made
-    before they existed keeps its identity."""
+    the collapse guard's only when it is enabled, and ``LATER_KEYS`` only away from the value that computes what
+    runs made before they existed computed (their default then), so such a run keeps its identity."""
     ws = flat.get("model.warm_start", "off")
     if ws in ("off", False) or (ws == "auto" and not flat.get("agent.enable_think", True)):
         flat = {k: v for k, v in flat.items() if not k.startswith("sft.") and k != "model.warm_start"}
