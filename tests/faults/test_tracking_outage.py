@@ -43,7 +43,7 @@ def test_mlflow_down_for_an_iteration_is_caught_up_later(prefect_api, tmp_path, 
     with server:  # back, on the same port
         back = train(3)
         client = mlflow.MlflowClient(server.url)
-        steps = sorted(m.step for m in client.get_metric_history(first["mlflow_run_id"], "actor/pg_loss"))
+        steps = sorted(m.step for m in client.get_metric_history(first["mlflow_run_id"], "critic/score/mean"))
         run_info = client.get_run(first["mlflow_run_id"]).info
     assert back["mlflow_run_id"] == first["mlflow_run_id"] and back["iterations"] == [2]
     assert steps == [0, 1, 2]  # iteration 1, trained while the server was down, was logged once it was back
