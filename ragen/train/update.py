@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ragen.algos.advantages import NORM_EPS, bi_level_gae, gae, group_index, grpo, normalize_scores
+from ragen.algos.filtering import group_stats
 from ragen.algos.losses import agg_loss, kl_penalty, policy_terms, value_terms
 from ragen.algos.masked import masked_mean
 from ragen.config import Config
@@ -100,14 +101,14 @@ def token_rewards(cfg: Config, seqs: Sequences) -> tuple[torch.Tensor, torch.Ten
 def group_signal(seqs: Sequences) -> torch.Tensor:
     """(B,) bool: whether a trajectory's seed group has reward variance (its members' scores differ). A group of
     one has no group variance to judge by and counts as signal (a critic baseline still gives it one)."""
-    scores = np.asarray(seqs.scores, dtype=np.float64)
-    groups = np.asarray(seqs.groups)
-    out = np.ones(len(scores), dtype=bool)
-    for g in np.unique(groups):
+    groups = torch.as_tensor(np.asarray(seqs.groups))
+    ids, std, _, _ = group_stats(torch.as_tensor(np.asarray(seqs.scores, dtype=np.float64)), groups)  # the filter's
+    out = torch.ones(len(groups), dtype=torch.bool)
+    for g, s in zip(ids, std.tolist(), strict=True):
         sel = groups == g
-        if sel.sum() > 1 and float(np.std(scores[sel], ddof=1)) <= NORM_EPS:  # GRPO's "no signal" too
+        if int(sel.sum()) > 1 and s <= NORM_EPS:  # GRPO's "no signal" too
             out[sel] = False
-    return torch.from_numpy(out)
+    return out
 
 
 def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref: Any = None, pad_id: int,
