@@ -19,7 +19,7 @@ from ragen.algos.losses import (
     policy_terms,
     value_terms,
 )
-from ragen.algos.masked import masked_mean, masked_var, masked_whiten
+from ragen.algos.masked import explained_variance, masked_mean, masked_var, masked_whiten
 
 pytestmark = pytest.mark.unit
 
@@ -33,6 +33,17 @@ def test_masked_reductions():
     w = masked_whiten(x, m)
     assert w.tolist()[0] == pytest.approx([-1.0, 0.0, 1.0, 0.0], abs=1e-6)
 
+
+
+def test_explained_variance_hand_computed_and_undefined_for_constant_returns():
+    r, m = T([[1.0, 2.0, 3.0, 50.0]]), T([[1, 1, 1, 0]])
+    # residuals 0, 1, 0 -> unbiased var 1/3; Var(returns) = 1 -> EV 2/3 (the masked-out 50 is ignored)
+    assert explained_variance(r, T([[1.0, 1.0, 3.0, 0.0]]), m) == pytest.approx(2 / 3)
+    assert explained_variance(r, r, m) == pytest.approx(1.0)
+    # every trajectory scored 10.79: float noise in the returns must not read as a huge negative EV
+    const = T([[10.79, 10.79 + 1e-6, 10.79, 0.0]])
+    assert math.isnan(explained_variance(const, T([[0.5, 0.4, 0.3, 0.0]]), m))
+    assert math.isnan(explained_variance(r, r, T([[1, 0, 0, 0]])))  # one entry: no variance to explain
 
 def test_gae_gamma_lambda_one_is_reward_to_go_minus_value():
     r = T([[0.0, 0.0, 1.0, 0.0, 2.0]])

@@ -34,3 +34,20 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, 
     mean, var = masked_mean(x, mask), masked_var(x, mask)
     out = (x - mean) * torch.rsqrt(var + eps) if shift_mean else x * torch.rsqrt(var + eps)
     return out * mask.to(x.dtype)
+
+
+# returns spread below this (relative to their size) carry no signal to explain: every trajectory scored alike
+EV_MIN_RELATIVE_VAR = 1e-6
+
+
+def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns) over masked entries (unbiased); NaN where the returns do not vary
+    (all equal up to rounding), where the ratio means nothing and would be a huge negative number."""
+    if int(mask.sum()) < 2:
+        return float("nan")
+    r = returns.double()
+    var_r = float(masked_var(r, mask))
+    size = float(masked_mean(r * r, mask))
+    if var_r <= EV_MIN_RELATIVE_VAR * max(size, 1e-12):
+        return float("nan")
+    return 1.0 - float(masked_var(r - values.double(), mask)) / var_r

@@ -24,7 +24,7 @@ import torch
 from ragen.algos.advantages import NORM_EPS, bi_level_gae, gae, group_index, grpo, normalize_scores
 from ragen.algos.filtering import group_stats
 from ragen.algos.losses import agg_loss, kl_penalty, policy_terms, value_terms
-from ragen.algos.masked import masked_mean
+from ragen.algos.masked import explained_variance, masked_mean
 from ragen.config import Config
 from ragen.models.precision import runs_bf16
 from ragen.train.batch import MicroBatch, Sequences, bucket_micro_batches, collate, fixed_micro_batches, pad_ragged
@@ -204,9 +204,7 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
     if returns is not None and values is not None:
         metrics["critic/returns/mean"] = float(masked_mean(returns, mask))
         metrics["critic/values/mean"] = float(masked_mean(values, mask))
-        var_r = float(returns[mask].var()) if mask.sum() > 1 else 0.0
-        metrics["critic/vf_explained_var"] = (1 - float((returns - values)[mask].var()) / var_r) if var_r > 0 \
-            else float("nan")
+        metrics["critic/vf_explained_var"] = explained_variance(returns, values, mask)
 
     result = UpdateResult(metrics)
     # -- critic first (advantages above used the pre-update values) -----------------------------------------
