@@ -253,7 +253,7 @@ def test_masked_loss_equals_token_logprobs_over_the_mask(demos):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("lora", [0, 8])
-def test_sft_lowers_the_demo_loss_and_saves_a_loadable_model(tmp_path, lora):
+def test_sft_lowers_the_demo_loss_and_saves_a_loadable_model(tmp_path, lora, capsys):
     from safetensors.torch import load_file
 
     from ragen.models import ensure_model
@@ -264,8 +264,11 @@ def test_sft_lowers_the_demo_loss_and_saves_a_loadable_model(tmp_path, lora):
                                             f"sft.output={tmp_path / 'ck'}"])
     demos = pipeline.make_demos_stage(cfg)
     assert pipeline.make_demos_stage(cfg) == demos  # reused: same settings
+    capsys.readouterr()
     path, m = pipeline.train_stage(cfg, demos)
     assert m["sft/steps"] == 4 * 4 and m["sft/train_loss_last"] < m["sft/train_loss_first"]
+    progress = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("sft step ")]
+    assert [ln.split(":")[0] for ln in progress] == [f"sft step {k}/16" for k in range(1, 17)]  # off a terminal
     assert m["sft/test_loss"] < m["sft/test_loss_before"]
     assert (path / "checkpoint-complete").is_file() and (path / "deepspeed" / "actor").is_dir()
     record = json.loads((path / "sft.json").read_text())

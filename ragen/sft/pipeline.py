@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -179,18 +180,23 @@ def train_stage(cfg: Config, demos: str | Path, out: str | Path | None = None, *
         raise ValueError(f"demonstrations file {demos} has no train split; make it again with `ragen sft demos`")
     trainer = SFTTrainer(cfg)
     history: list[dict[str, float]] = []
+    total = cfg.sft.epochs * -(-len(train) // cfg.sft.mini_batch_size)
     bar = None
-    if progress:
+    if progress and sys.stderr.isatty():
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=cfg.sft.epochs * -(-len(train) // cfg.sft.mini_batch_size), desc="sft", unit="step",
-                   leave=False)
+        bar = tqdm(total=total, desc="sft", unit="step", leave=False)
+    every = max(1, total // 20)  # off a terminal (a log file, Prefect, CI): one line per ~5% of the steps
+    t0 = time.monotonic()
 
     def on_step(rec: dict[str, float]) -> None:
         history.append(rec)
         if bar is not None:
             bar.set_postfix(loss=f"{rec['loss']:.3f}")
             bar.update(1)
+        elif len(history) % every == 0 or len(history) == total:
+            print(f"sft step {len(history)}/{total}: loss {rec['loss']:.3f}, {time.monotonic() - t0:.0f} s",
+                  file=sys.stderr, flush=True)
 
     test_loss_before = trainer.evaluate_loss(test) if not test.empty else float("nan")
     res = trainer.train(train, test=test if not test.empty else None, on_step=on_step)
