@@ -819,12 +819,24 @@ def bench_learn_cmd(as_json: Annotated[bool, typer.Option("--json", help="print 
                         help="a named experiment (`ragen experiments list`) instead of params.yaml")] = None,
                     scale: Annotated[str, typer.Option(help="the experiment's scale: cpu-small | paper")]
                     = "cpu-small",
+                    redraw: Annotated[Path | None, typer.Option(
+                        help="redraw the CSVs and curve.png of a finished measurement (its --out directory) "
+                             "from its run directory, and stop")] = None,
                     params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None) -> None:
     """Learning as a benchmark: train a fresh run (vLLM + DeepSpeed, plain loop) and score a fixed panel before,
     every trainer.test_freq and after; per tag success before/after (Wilson 95%) and the change (Newcombe 95%).
     Default: the main command's settings (params.yaml: cpu-small Bandit, 10 iterations; 16 min on a 2-core EPYC)."""
     from ragen.run.learn_bench import LearnSpec, bench_learn
+    from ragen.run.learn_bench import redraw as redraw_files
 
+    if redraw is not None:
+        try:
+            result = redraw_files(redraw)
+        except FileNotFoundError as e:
+            typer.secho(str(e), err=True, fg="red")
+            raise typer.Exit(2) from None
+        typer.echo(json.dumps(result) if as_json else f"{result['plot']}, {result['curve']}, {result['training']}")
+        return
     if experiment is not None:
         r = _experiment(experiment, scale, 0, overrides)
         params, preset, overrides = None, list(r.presets), list(r.overrides)
@@ -854,6 +866,31 @@ def bench_learn_cmd(as_json: Annotated[bool, typer.Option("--json", help="print 
                    f"{t['diff']:+.1%} [{t['diff_ci'][0]:+.1%}, {t['diff_ci'][1]:+.1%}] (n={t['n']})")
     typer.echo(f"{result['iterations']} iterations in {result['wall_s']:.0f} s ({result['s_per_iteration']:.0f} s "
                f"each, update {result['update_share']:.0%}); {Path(result['curve']).parent}/learn.json, curve.csv")
+
+
+@bench_app.command("learn-mlflow")
+def bench_learn_mlflow_cmd(outs: Annotated[list[Path], typer.Argument(help="--out directories of finished "
+                                                                        "`ragen bench learn` runs")],
+                           tracking_uri: Annotated[str | None, typer.Option(
+                               help="MLflow tracking URI (default: params.yaml's tracking.mlflow_tracking_uri)")]
+                           = None,
+                           export: Annotated[Path | None, typer.Option(
+                               help="also write the experiment's runs (result metrics, differing settings) "
+                                    "as CSV here")] = None) -> None:
+    """Log finished learning measurements to MLflow (experiment ragen-learning, one run per directory, kept
+    when already there), to compare them in the MLflow UI."""
+    from flows.learning_tracking import learn_tracking
+
+    missing = [str(o) for o in outs if not (o / "learn.json").is_file()]
+    if missing:
+        typer.secho(f"no learn.json in {', '.join(missing)}: give --out directories of finished "
+                    f"`ragen bench learn` runs", err=True, fg="red")
+        raise typer.Exit(2)
+    res = learn_tracking([str(o) for o in outs], tracking_uri, str(export) if export else None)
+    for r in res["runs"]:
+        typer.echo(f"{r['run']}: {'logged' if r['logged'] else 'already in MLflow'} ({r['run_id']})")
+    if export:
+        typer.echo(f"wrote {res['export']}")
 
 
 @bench_app.command("faults")

@@ -28,7 +28,7 @@ def bench(out: Path, *extra: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)
-def test_quick_bench_prints_the_before_after_json_and_writes_the_curve(tmp_path):
+def test_quick_bench_prints_the_before_after_json_and_writes_the_curve(tmp_path, monkeypatch):
     out = tmp_path / "learn"
     r = bench(out)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -62,6 +62,38 @@ def test_quick_bench_prints_the_before_after_json_and_writes_the_curve(tmp_path)
     assert float(panel[0]["success"]) == t["before"] and float(panel[-1]["success"]) == t["after"]
     assert all(not math.isnan(float(r["score"])) for r in rows)
     assert (out / "curve.png").stat().st_size > 5000  # the plot of those rows
+    training = list(csv.DictReader((out / "training.csv").open()))
+    assert [int(r["iteration"]) for r in training] == [0, 1]
+    assert all(float(r["seconds"]) > 0 and not math.isnan(float(r["score"])) for r in training)
+    assert res["training"] == str(out / "training.csv") and res["plot"] == str(out / "curve.png")
+
+    (out / "curve.png").unlink()
+    (out / "training.csv").unlink()
+    redrawn = subprocess.run([RAGEN, "bench", "learn", "--redraw", str(out), "--json"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+    assert redrawn.returncode == 0, redrawn.stderr[-2000:]
+    assert (out / "curve.png").stat().st_size > 5000
+    assert list(csv.DictReader((out / "training.csv").open())) == training
+    assert json.loads(redrawn.stdout)["tags"] == res["tags"]  # the numbers stay; only the files are redrawn
+
+    # the measurement's MLflow record: params, per-iteration metrics and the before/after result
+    import mlflow
+
+    from tasks.learning import EXPERIMENT, export_runs, log_learning
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)  # the experiment's artifact folder (tracking.mlflow_artifact_location) goes here
+    first = log_learning.fn(str(out), uri)
+    assert first["logged"] and not log_learning.fn(str(out), uri)["logged"]  # a second call adds nothing
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(first["run_id"])
+    assert run.data.metrics["learn/Bandit/after"] == t["after"] and run.data.params["envs.train.group_size"] == "4"
+    steps = [m.step for m in client.get_metric_history(first["run_id"], "timing_s/iteration")]
+    assert steps == [0, 1]
+    assert {a.path for a in client.list_artifacts(first["run_id"])} >= {"learn.json", "curve.png", "training.csv"}
+    table = list(csv.DictReader(export_runs(uri, tmp_path / "learning.csv").open()))
+    assert [r["tags.mlflow.runName"] for r in table] == ["learn"] and EXPERIMENT == "ragen-learning"
+    assert float(table[0]["metrics.learn/Bandit/diff"]) == pytest.approx(t["diff"])
 
     again = bench(out)  # every measurement trains from a fresh run directory
     assert again.returncode == 2 and "already holds a learning run" in again.stderr
@@ -83,3 +115,27 @@ def test_bad_settings_fail_before_any_model_loads(tmp_path):
     r = invoke("--experiment", "starpo-s-bandt")
     assert r.exit_code == 2 and "did you mean 'starpo-s-bandit'" in r.output
     assert not (tmp_path / "x" / "learn.json").exists()
+
+
+@pytest.mark.unit
+def test_redraw_needs_a_finished_measurement(tmp_path):
+    from typer.testing import CliRunner
+
+    from ragen.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "learn", "--redraw", str(tmp_path)])
+    assert r.exit_code == 2 and "learn.json" in r.output
+
+
+@pytest.mark.unit
+def test_plot_draws_training_signals_with_gaps(tmp_path):
+    from ragen.run.learn_bench import TRAINING_FIELDS, plot_curve
+
+    nan = float("nan")
+    rows = [{"updates": u, "split": s, "tag": "FrozenLake", "n": 16 if s == "train" else 128, "success": 0.2,
+             "success_lo": 0.1, "success_hi": 0.3, "score": 0.2, "format_error_rate": 0.0}
+            for u in range(3) for s in ("train", "panel")]
+    training = [dict.fromkeys(TRAINING_FIELDS, 0.1) | {"iteration": k} for k in range(3)]
+    training[0] |= {"entropy": nan, "explained_variance": nan}  # a value-only warm-up iteration
+    path = plot_curve(rows, tmp_path / "c.png", training)
+    assert path.stat().st_size > 10000

@@ -3,7 +3,9 @@ engine and DeepSpeed, no orchestrator) trains for a number of iterations while a
 training, at every ``trainer.test_freq`` and after the last iteration. The result is one JSON object: per panel
 tag the success rate before and after with 95% Wilson intervals, their difference with its 95% Newcombe interval
 and the format-error rates; wall time, seconds per iteration and the update's share of them; and the settings
-that produced it. The learning curve (train and panel success and score per update) is written as CSV beside it."""
+that produced it. The learning curve (train and panel success and score per update) and the training signals
+per iteration (score of the updated trajectories, entropy, critic explained variance, KL to the start, clip
+fraction) are written as CSV beside it, and plotted together in one figure."""
 
 from __future__ import annotations
 
@@ -30,10 +32,18 @@ from ragen.run.rundir import RunDir, write_json
 RESULT_JSON = "learn.json"
 CURVE_CSV = "curve.csv"
 CURVE_PNG = "curve.png"
+TRAINING_CSV = "training.csv"
 PANEL_JSON = "panel.json"
 RUN_NAME = "run"
 DEFAULT_PANEL_SIZE = 128  # seeds per tag: a 95% interval of about +-8 pp at a 30% rate
 CURVE_FIELDS = ("updates", "split", "tag", "n", "success", "success_lo", "success_hi", "score", "format_error_rate")
+# training.csv column -> the run's metric (NaN where an iteration did not log it: value-only warm-up iterations take
+# no actor step; the explained variance is undefined where every return is the same)
+TRAINING_METRICS = {"score": "critic/score/mean", "entropy": "actor/entropy_loss",
+                    "explained_variance": "critic/vf_explained_var", "kl_to_start": "rollout/kl_old_ref",
+                    "clip_fraction": "actor/pg_clipfrac", "ppo_kl": "actor/ppo_kl",
+                    "zero_variance_groups": "actor/zero_variance_groups", "seconds": "timing_s/iteration"}
+TRAINING_FIELDS = ("iteration", *TRAINING_METRICS)
 # --quick: a smoke run of a few minutes on the real model (4 groups x 4 rollouts, 2 iterations, 16-seed panel)
 QUICK = ("envs.train.n_groups=[4]", "envs.train.group_size=4", "actor.ppo_mini_batch_size=4",
          "critic.ppo_mini_batch_size=4", "trainer.test_freq=1")
@@ -131,25 +141,52 @@ def curve_rows(run: RunDir) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["updates"], r["split"] != "train"))
 
 
-def write_curve(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+def training_rows(run: RunDir) -> list[dict[str, Any]]:
+    """Per completed iteration, the training signals of ``TRAINING_METRICS`` (NaN where not logged)."""
+    rows = []
+    for k in run.completed():
+        m = run.metrics(k)
+        rows.append({"iteration": k, **{name: float(m.get(key, float("nan")))
+                                        for name, key in TRAINING_METRICS.items()}})
+    return rows
+
+
+def write_csv(rows: Sequence[dict[str, Any]], fields: Sequence[str], path: Path) -> Path:
     with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(CURVE_FIELDS))
+        w = csv.DictWriter(fh, fieldnames=list(fields))
         w.writeheader()
         w.writerows(rows)
     return path
 
 
-def plot_curve(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+def _series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["iteration"], r[key]) for r in rows if r[key] == r[key]]  # NaN != NaN: not logged there
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def plot_curve(rows: Sequence[dict[str, Any]], path: Path, training: Sequence[dict[str, Any]] = ()) -> Path:
     """Success per update, a panel per tag: the train rollouts as a line with its 95% band, the panel
-    evaluations as points with their 95% intervals."""
+    evaluations as points with their 95% intervals. With ``training``, more panels follow, three to a row: mean
+    score (train rollouts and panel per tag), the policy's entropy, the critic's explained variance, the KL to the
+    start and the clip fraction, per iteration (iteration k is the update after k updates)."""
+    import math
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tags = list(dict.fromkeys(r["tag"] for r in rows))
-    fig, axes = plt.subplots(1, len(tags), figsize=(5.5 * len(tags), 3.8), squeeze=False)
-    for ax, tag in zip(axes[0], tags, strict=True):
+    signals = (("entropy", "entropy (nats/token)"), ("explained_variance", "critic explained variance"),
+               ("kl_to_start", "KL to the start (nats/token)"), ("clip_fraction", "clip fraction"))
+    n = len(tags) + (1 + len(signals) if training else 0)
+    ncols = min(n, 3)
+    nrows = math.ceil(n / ncols)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.6 * nrows), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[n:]:
+        ax.axis("off")
+    for ax, tag in zip(axes, tags, strict=False):
         for split, style in (("train", "-"), ("panel", "o")):
             pts = [r for r in rows if r["tag"] == tag and r["split"] == split]
             if not pts:
@@ -163,12 +200,55 @@ def plot_curve(rows: Sequence[dict[str, Any]], path: Path) -> Path:
                 ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo, strict=True)],
                                         [b - a for a, b in zip(y, hi, strict=True)]],
                             fmt=style, capsize=4, label=f"panel (n={pts[0]['n']})")
-        ax.set(title=tag, xlabel="updates", ylabel="success rate (95% CI)", ylim=(0, 1))
+        ax.set(title=f"{tag}: success", xlabel="updates", ylabel="success rate (95% CI)", ylim=(0, 1))
         ax.legend(loc="upper left", fontsize=8)
+    if training:
+        score = axes[len(tags)]
+        for tag in tags:
+            for split, style in (("train", "-"), ("panel", "o")):
+                pts = [r for r in rows if r["tag"] == tag and r["split"] == split]
+                if pts:
+                    score.plot([r["updates"] for r in pts], [r["score"] for r in pts], style,
+                               label=f"{tag} {split}")
+        score.set(title="mean score", xlabel="updates")
+        score.legend(fontsize=8)
+        for ax, (key, title) in zip(axes[len(tags) + 1:], signals, strict=False):
+            x, y = _series(training, key)
+            if key == "explained_variance":  # <= 1 by definition; below -1 (a critic far worse than a constant,
+                # or returns with almost no spread in runs logged before that read as undefined) is left out
+                y = [v if v >= -1 else float("nan") for v in y]
+                ax.axhline(0.3, color="grey", ls=":", lw=1)
+                ax.set_ylim(-1, 1)
+            ax.plot(x, y, ".-")
+            ax.set(title=title, xlabel="updates")
+            if not x:  # e.g. GRPO has no critic; value-only iterations have no actor step
+                ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def write_report_files(run: RunDir, out: Path) -> dict[str, str]:
+    """curve.csv, training.csv and curve.png from the run directory (so an older run's figure can be redrawn)."""
+    rows, training = curve_rows(run), training_rows(run)
+    write_csv(rows, CURVE_FIELDS, out / CURVE_CSV)
+    write_csv(training, TRAINING_FIELDS, out / TRAINING_CSV)
+    plot_curve(rows, out / CURVE_PNG, training)
+    return {"curve": str(out / CURVE_CSV), "training": str(out / TRAINING_CSV), "plot": str(out / CURVE_PNG)}
+
+
+def redraw(out: Path) -> dict[str, Any]:
+    """Rewrite a finished measurement's CSVs and figure from its run directory and add their paths to its
+    ``learn.json`` (the before/after numbers are left as they are)."""
+    path = Path(out) / RESULT_JSON
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: --redraw takes the --out directory of a finished "
+                                f"`ragen bench learn`")
+    result = json.loads(path.read_text())
+    result.update(write_report_files(RunDir.at(Path(out), RUN_NAME), Path(out)))
+    write_json(path, result)
+    return result
 
 
 def timing(run: RunDir) -> dict[str, float]:
@@ -241,10 +321,7 @@ def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, f
     result: dict[str, Any] = {
         "tags": {t: tag_change(before, after, t) for t in tags}, "wall_s": wall, "iterations": len(done),
         **timing(run), "rollbacks": len(res.rollbacks), "config": config_summary(cfg, spec, panel),
-        "curve": str(out / CURVE_CSV), "run_dir": str(run.root)}
-    rows = curve_rows(run)
-    write_curve(rows, out / CURVE_CSV)
-    plot_curve(rows, out / CURVE_PNG)
+        "run_dir": str(run.root), **write_report_files(run, out)}
     write_json(out / RESULT_JSON, result)
     if not spec.keep_checkpoints:  # ~3.2 GB a state with the optimizer; the result is the panel scores, not weights
         shutil.rmtree(run.root / "checkpoints", ignore_errors=True)

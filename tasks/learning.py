@@ -1,0 +1,89 @@
+"""MLflow record of a ``ragen bench learn`` measurement (the plain loop logs nothing to MLflow while it trains):
+one MLflow run per measurement, so the learning runs can be compared side by side in the MLflow UI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from ragen.config import load_config
+from ragen.run.learn_bench import RESULT_JSON, RUN_NAME
+from ragen.run.rundir import RunDir
+from tasks.tracking import _OPTS, _client, _log_metrics, experiment_id, git_commit, log_params
+
+EXPERIMENT = "ragen-learning"  # measurements, kept apart from training runs and the grid
+ARTIFACTS = ("learn.json", "curve.csv", "training.csv", "curve.png", "panel.json")
+
+
+def result_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """The before/after numbers of a learn.json as flat metrics: ``learn/<tag>/before``, ``.../diff_lo``, ..."""
+    out: dict[str, float] = {}
+    for tag, t in result["tags"].items():
+        for key in ("before", "after", "diff", "score_before", "score_after", "format_errors_before",
+                    "format_errors_after", "n"):
+            out[f"learn/{tag}/{key}"] = float(t[key])
+        for key in ("before_ci", "after_ci", "diff_ci"):
+            lo, hi = t[key]
+            out[f"learn/{tag}/{key[:-3]}_lo"], out[f"learn/{tag}/{key[:-3]}_hi"] = float(lo), float(hi)
+    for key in ("wall_s", "s_per_iteration", "update_share", "rollout_share", "iterations", "rollbacks"):
+        if isinstance(result.get(key), int | float):
+            out[f"learn/{key}"] = float(result[key])
+    return out
+
+
+@task(name="log_learning", retries=3, retry_delay_seconds=2, **_OPTS)
+def log_learning(out: str, tracking_uri: str | None = None) -> dict[str, Any]:
+    """One finished measurement (its ``--out`` directory) as an MLflow run named after the directory, in the
+    ``ragen-learning`` experiment: the run's params, each iteration's metrics at its step, the panel before
+    training at step 0 as ``init/...``, the before/after result as ``learn/...`` and the files as artifacts. A run
+    of that name already there is left as it is."""
+    d = Path(out)
+    if not (d / RESULT_JSON).is_file():
+        raise FileNotFoundError(f"{d / RESULT_JSON} not found: give the --out directory of a finished "
+                                f"`ragen bench learn`")
+    result = json.loads((d / RESULT_JSON).read_text())
+    run = RunDir.at(d, RUN_NAME)
+    cfg = load_config(run.root / "config.yaml")
+    if tracking_uri:
+        cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(
+            update={"mlflow_tracking_uri": tracking_uri})})
+    client = _client(cfg)
+    exp = experiment_id(client, cfg, EXPERIMENT)
+    name = d.resolve().name
+    found = client.search_runs([exp], f"attributes.run_name = '{name}'", max_results=1)
+    if found:
+        return {"run": name, "run_id": found[0].info.run_id, "logged": False}
+    tags = {"git_commit": git_commit(), "measurement": str(d), "preset": ",".join(cfg.preset) or "none",
+            "overrides": " ".join(result["config"].get("overrides", []))[:5000]}
+    run_id = client.create_run(exp, run_name=name, tags=tags).info.run_id
+    log_params(client, run_id, cfg)
+    init = run.root / "eval_init.json"
+    if init.is_file():
+        _log_metrics(client, run_id, 0, {f"init/{k}": v for k, v in json.loads(init.read_text()).items()})
+    for k in run.completed():
+        _log_metrics(client, run_id, k, run.metrics(k))
+    _log_metrics(client, run_id, len(run.completed()), result_metrics(result))
+    for f in ARTIFACTS:
+        if (d / f).is_file():
+            client.log_artifact(run_id, str(d / f))
+    client.set_terminated(run_id, "FINISHED")
+    return {"run": name, "run_id": run_id, "logged": True}
+
+
+def export_runs(tracking_uri: str, path: Path) -> Path:
+    """The ``ragen-learning`` experiment's runs as one CSV (one row per run: its learn/* metrics and the settings
+    that differ), the committed form of the MLflow comparison view."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    df = mlflow.search_runs(experiment_names=[EXPERIMENT])
+    keep = ["tags.mlflow.runName", "start_time", "tags.git_commit", "tags.preset", "tags.overrides",
+            *sorted(c for c in df.columns if c.startswith("metrics.learn/"))]
+    params = [c for c in df.columns if c.startswith("params.")]
+    varying = [c for c in params if df[c].astype(str).nunique() > 1]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df[[c for c in keep if c in df.columns] + varying].sort_values("tags.mlflow.runName").to_csv(path, index=False)
+    return path
