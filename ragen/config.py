@@ -496,11 +496,24 @@ def _format_errors(err: ValidationError, source: str) -> str:
 
 def load_config(params: str | Path | None = None, presets: Iterable[str] = (), overrides: Iterable[str] = (),
                 ) -> Config:
-    """Resolve a config. ``params`` is a YAML file with any subset of the schema (e.g. params.yaml);
-    a ``preset`` list inside it is applied before the ``presets`` argument."""
+    """Resolve a config. ``params`` is a YAML file with any subset of the schema (e.g. params.yaml, or a run's
+    config.yaml); a ``preset`` list inside it names what the file was made from: those presets go under the
+    file's own values (an edited key in the file wins), the ``presets`` argument on top of the file, then the
+    overrides."""
     # Start from the full defaults so a partial section (a preset, a file, one override) only changes its keys.
     data: dict[str, Any] = config_to_dict(Config())
     sources = []
+    applied: list[str] = []
+
+    def apply(names: Iterable[str]) -> None:
+        nonlocal data
+        for name in names:
+            for part in str(name).split(","):
+                part = part.strip()
+                if part:
+                    data = deep_merge(data, load_preset(part))
+                    applied.append(part)
+
     if params is not None:
         path = Path(params)
         if not path.is_file():
@@ -514,15 +527,9 @@ def load_config(params: str | Path | None = None, presets: Iterable[str] = (), o
         loaded = {k: v for k, v in loaded.items() if k not in ("experiments",)}
         sources.append(str(path))
         file_presets = loaded.pop("preset", []) or []
-        presets = [*([file_presets] if isinstance(file_presets, str) else file_presets), *presets]
+        apply([file_presets] if isinstance(file_presets, str) else file_presets)
         data = deep_merge(data, loaded)
-    applied = []
-    for name in presets:
-        for part in str(name).split(","):
-            part = part.strip()
-            if part:
-                data = deep_merge(data, load_preset(part))
-                applied.append(part)
+    apply(presets)
     _apply_overrides(data, overrides)
     data["preset"] = applied
     source = " + ".join(sources + [f"preset {p}" for p in applied] + (["overrides"] if overrides else [])) or "config"

@@ -44,6 +44,18 @@ def test_presets():
     assert load_config(presets=["paper"]).model.base == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
+
+def test_a_files_own_presets_go_under_its_values(tmp_path):
+    # params.yaml names cpu-small (8 per group); a key edited in the file must win over that preset, and a
+    # run's config.yaml must load as it ran, whatever its presets say today
+    f = tmp_path / "p.yaml"
+    f.write_text("preset: [cpu-small]\nenvs:\n  train:\n    group_size: 16\n")
+    cfg = load_config(f)
+    assert cfg.envs.train.group_size == 16 and cfg.envs.train.n_groups == [8] and cfg.preset == ["cpu-small"]
+    on_top = load_config(f, ["cpu-frozenlake"])  # the presets argument still goes on top of the file
+    assert on_top.envs.train.group_size == 4 and on_top.preset == ["cpu-small", "cpu-frozenlake"]
+    assert load_config(f, (), ["envs.train.group_size=5"]).envs.train.group_size == 5
+
 def test_ppo_and_grpo_presets_match_reference_3_9():
     s_grpo = load_config(presets=["starpo-s", "grpo"])
     assert s_grpo.algorithm.adv_estimator == "grpo" and s_grpo.algorithm.reward_norm_method == "mean_std"
