@@ -6,6 +6,7 @@ and in ``<run>/tracking-failures.jsonl``; the iteration's data is already on dis
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +50,29 @@ def _client(cfg: Config) -> Any:
 
     for key, value in HTTP_DEFAULTS.items():  # a user's own setting wins
         os.environ.setdefault(key, value)
-    mlflow.set_tracking_uri(cfg.tracking.mlflow_tracking_uri)
-    return mlflow.MlflowClient(cfg.tracking.mlflow_tracking_uri)
+    uri = cfg.tracking.mlflow_tracking_uri
+    mlflow.set_tracking_uri(uri)
+    with store_opening_lock(uri):
+        return mlflow.MlflowClient(uri)
+
+
+@contextlib.contextmanager
+def store_opening_lock(uri: str) -> Iterator[None]:
+    """Serialise the opening of a sqlite store across processes. The first client of a process creates and
+    migrates the database; two processes opening a fresh one at once race on that migration (one fails with
+    "table _alembic_tmp_experiments already exists" and loses its MLflow run). An exclusive lock on
+    ``<db>.lock`` beside the database makes the second wait until the first has migrated; a store that is
+    already open in this process (MLflow caches it) costs one uncontended lock. Other stores need no lock."""
+    import fcntl
+
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with db.with_name(db.name + ".lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def git_commit(where: Path | None = None) -> str:
@@ -77,7 +100,15 @@ def experiment_id(client: Any, cfg: Config, name: str | None = None) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
-    return client.create_experiment(name, artifact_location=artifact_location(cfg))
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location(cfg))
+    except MlflowException:
+        exp = client.get_experiment_by_name(name)  # another process created it in between
+        if exp is None:
+            raise
+        return exp.experiment_id
 
 
 @task(name="start_tracking", retries=3, retry_delay_seconds=2, **_OPTS)
