@@ -1,9 +1,13 @@
-"""Parquet tables on disk: atomic writes and reads that say which file is wrong and how to fix it."""
+"""Tables on disk: atomic Parquet writes and reads that say which file is wrong and how to fix it; CSV rows for
+plots and reports."""
 
 from __future__ import annotations
 
+import csv
+import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -36,3 +40,16 @@ def read_table(path: str | Path, what: str, columns: Sequence[str], how_to_make:
     if missing:
         raise ValueError(f"{what} file {path} lacks columns {missing}; {how_to_make}")
     return df
+
+
+def write_csv(rows: Sequence[dict[str, Any]], fields: Sequence[str], path: str | Path) -> Path:
+    """Rows as a CSV with columns ``fields`` (a key a row lacks is an empty cell); NaN cells are left empty so
+    plots (dvc plots, the report figures) skip them."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(fields))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()})
+    return path

@@ -9,25 +9,23 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from ragen.config import Config
 from ragen.eval import evaluate as ev
 from ragen.run.rundir import RunDir
-from tasks.tracking import _client, _log_metrics, experiment_id, git_commit, read_run_id
+from tasks.options import NO_RESULT
+from tasks.tracking import experiment_id, git_commit, log_metrics, mlflow_client, read_run_id
 
-_OPTS = {"cache_policy": NO_CACHE, "persist_result": False}
 
-
-@task(name="evaluate_model", retries=0, **_OPTS)
+@task(name="evaluate_model", retries=0, **NO_RESULT)
 def evaluate_model(cfg: Config, model: str, out: str, greedy: bool, info: dict[str, Any]) -> dict[str, float]:
     return ev.evaluate_model(cfg, model, out, greedy=greedy, info=info)
 
 
-@task(name="log_evaluation", retries=3, retry_delay_seconds=2, **_OPTS)
+@task(name="log_evaluation", retries=3, retry_delay_seconds=2, **NO_RESULT)
 def log_evaluation(cfg: Config, out: str, info: dict[str, Any]) -> str:
     """Metrics as ``panel/<tag>/<metric>`` at the checkpoint's iteration, eval.json as an artifact."""
-    client = _client(cfg)
+    client = mlflow_client(cfg)
     run_id = read_run_id(RunDir(Path(info["run_dir"]))) if info.get("run_dir") else None
     if run_id is None:
         exp_id = experiment_id(client, cfg, cfg.tracking.experiment + "-eval")
@@ -36,7 +34,7 @@ def log_evaluation(cfg: Config, out: str, info: dict[str, Any]) -> str:
         client.set_terminated(run_id)
     data = ev.read_eval(out)
     step = int(info.get("iteration", 0))
-    _log_metrics(client, run_id, step, {f"panel/{k}": v for k, v in data["metrics"].items()})
+    log_metrics(client, run_id, step, {f"panel/{k}": v for k, v in data["metrics"].items()})
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / f"eval-{Path(out).name}.json"
         p.write_text(json.dumps(data, indent=1))

@@ -8,22 +8,20 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from ragen.config import Config
 from ragen.report import grid as grid_files
 from ragen.run.rundir import RunDir
-from tasks.tracking import _client, _log_metrics, experiment_id, git_commit, log_params, run_tags, sweep_run
+from tasks.options import NO_RESULT
+from tasks.tracking import experiment_id, git_commit, log_metrics, mlflow_client, rebuild_run, run_tags, sweep_run
 
-_OPTS = {"cache_policy": NO_CACHE, "persist_result": False}
 
-
-@task(name="export_run", retries=0, **_OPTS)
+@task(name="export_run", retries=0, **NO_RESULT)
 def export_run(run_root: str, out: str, info: dict[str, Any]) -> dict[str, Any]:
     return grid_files.export_run(RunDir(Path(run_root)), Path(out), info)
 
 
-@task(name="write_report", retries=0, **_OPTS)
+@task(name="write_report", retries=0, **NO_RESULT)
 def write_report(reports: str, runs: list[tuple[str, int]], scale: str, out: str,
                  overrides: list[str] | None = None) -> dict[str, Any]:
     import json
@@ -45,10 +43,10 @@ def write_report(reports: str, runs: list[tuple[str, int]], scale: str, out: str
     return {"report": str(md), "curves": str(curves), "scored": len(results), "missing": missing}
 
 
-@task(name="log_report", retries=3, retry_delay_seconds=2, **_OPTS)
+@task(name="log_report", retries=3, retry_delay_seconds=2, **NO_RESULT)
 def log_report(cfg: Config, report: str) -> str | None:
     """The report and its figures as artifacts of the sweep's parent run."""
-    client = _client(cfg)
+    client = mlflow_client(cfg)
     parent = sweep_run(client, cfg)
     if parent is None:
         return None
@@ -60,7 +58,7 @@ def log_report(cfg: Config, report: str) -> str | None:
     return parent
 
 
-@task(name="restore_tracking", retries=3, retry_delay_seconds=2, **_OPTS)
+@task(name="restore_tracking", retries=3, retry_delay_seconds=2, **NO_RESULT)
 def restore_tracking(cfg: Config, out: str) -> dict[str, Any]:
     """A grid run's MLflow run rebuilt from what it exported to ``out`` (reports/grid/<name>-s<seed>/): the tags,
     knobs and params training gives it, as a child of the sweep's parent; each iteration's metrics at its step;
@@ -73,20 +71,14 @@ def restore_tracking(cfg: Config, out: str) -> dict[str, Any]:
     train = json.loads((d / "train.json").read_text())
     hist = json.loads((d / "history.json").read_text())
     name = train["run_name"]
-    client = _client(cfg)
-    exp = experiment_id(client, cfg)
-    found = client.search_runs([exp], f"attributes.run_name = '{name}'", max_results=1)
-    if found:
-        return {"run": name, "run_id": found[0].info.run_id, "restored": False}
+    client = mlflow_client(cfg)
     tags = {**run_tags(client, cfg, str(train.get("run_dir", "")), git_commit()), "ragen_restored_from": str(d)}
-    run_id = client.create_run(exp, run_name=name, tags=tags).info.run_id
-    log_params(client, run_id, cfg)
-    if hist.get("eval_init"):
-        _log_metrics(client, run_id, 0, {f"init/{k}": v for k, v in hist["eval_init"].items()})
-    for k, metrics in enumerate(hist["iterations"]):  # a finished run's completed iterations: 0, 1, ...
-        _log_metrics(client, run_id, k, metrics)
+    run_id, created = rebuild_run(client, cfg, experiment_id(client, cfg), name, tags, hist.get("eval_init"),
+                                  enumerate(hist["iterations"]))  # a finished run's completed iterations: 0, 1, ...
+    if not created:
+        return {"run": name, "run_id": run_id, "restored": False}
     if (d / "eval").is_dir():
         ev = read_eval(d / "eval")
-        _log_metrics(client, run_id, int(ev.get("iteration", 0)), {f"panel/{k}": v for k, v in ev["metrics"].items()})
+        log_metrics(client, run_id, int(ev.get("iteration", 0)), {f"panel/{k}": v for k, v in ev["metrics"].items()})
     client.set_terminated(run_id, "FINISHED")
     return {"run": name, "run_id": run_id, "restored": True}

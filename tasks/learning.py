@@ -10,9 +10,11 @@ from typing import Any
 from prefect import task
 
 from ragen.config import load_config
+from ragen.run.iteration import EVAL_INIT
 from ragen.run.learn_bench import RESULT_JSON, RUN_NAME
 from ragen.run.rundir import RunDir
-from tasks.tracking import _OPTS, _client, _log_metrics, experiment_id, git_commit, log_params
+from tasks.options import NO_RESULT
+from tasks.tracking import experiment_id, git_commit, log_metrics, mlflow_client, rebuild_run
 
 EXPERIMENT = "ragen-learning"  # measurements, kept apart from training runs and the grid
 ARTIFACTS = ("learn.json", "curve.csv", "training.csv", "curve.png", "panel.json")
@@ -34,7 +36,7 @@ def result_metrics(result: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-@task(name="log_learning", retries=3, retry_delay_seconds=2, **_OPTS)
+@task(name="log_learning", retries=3, retry_delay_seconds=2, **NO_RESULT)
 def log_learning(out: str, tracking_uri: str | None = None) -> dict[str, Any]:
     """One finished measurement (its ``--out`` directory) as an MLflow run named after the directory, in the
     ``ragen-learning`` experiment: the run's params, each iteration's metrics at its step, the panel before
@@ -50,27 +52,21 @@ def log_learning(out: str, tracking_uri: str | None = None) -> dict[str, Any]:
     if tracking_uri:
         cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(
             update={"mlflow_tracking_uri": tracking_uri})})
-    client = _client(cfg)
-    exp = experiment_id(client, cfg, EXPERIMENT)
-    name = d.resolve().name
-    found = client.search_runs([exp], f"attributes.run_name = '{name}'", max_results=1)
-    if found:
-        return {"run": name, "run_id": found[0].info.run_id, "logged": False}
+    client = mlflow_client(cfg)
     tags = {"git_commit": git_commit(), "measurement": str(d), "preset": ",".join(cfg.preset) or "none",
             "overrides": " ".join(result["config"].get("overrides", []))[:5000]}
-    run_id = client.create_run(exp, run_name=name, tags=tags).info.run_id
-    log_params(client, run_id, cfg)
-    init = run.root / "eval_init.json"
-    if init.is_file():
-        _log_metrics(client, run_id, 0, {f"init/{k}": v for k, v in json.loads(init.read_text()).items()})
-    for k in run.completed():
-        _log_metrics(client, run_id, k, run.metrics(k))
-    _log_metrics(client, run_id, len(run.completed()), result_metrics(result))
+    init = run.root / EVAL_INIT
+    run_id, created = rebuild_run(client, cfg, experiment_id(client, cfg, EXPERIMENT), d.resolve().name, tags,
+                                  json.loads(init.read_text()) if init.is_file() else None,
+                                  ((k, run.metrics(k)) for k in run.completed()))
+    if not created:
+        return {"run": d.resolve().name, "run_id": run_id, "logged": False}
+    log_metrics(client, run_id, len(run.completed()), result_metrics(result))
     for f in ARTIFACTS:
         if (d / f).is_file():
             client.log_artifact(run_id, str(d / f))
     client.set_terminated(run_id, "FINISHED")
-    return {"run": name, "run_id": run_id, "logged": True}
+    return {"run": d.resolve().name, "run_id": run_id, "logged": True}
 
 
 def export_runs(tracking_uri: str, path: Path) -> Path:

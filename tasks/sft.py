@@ -10,45 +10,43 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from ragen.config import Config, config_to_dict, flatten
 from ragen.sft import pipeline
+from tasks.options import NO_RESULT
 
-_OPTS = {"cache_policy": NO_CACHE, "persist_result": False}
 
-
-@task(name="make_demos", retries=0, **_OPTS)
+@task(name="make_demos", retries=0, **NO_RESULT)
 def make_demos(cfg: Config) -> Path:
     return pipeline.make_demos_stage(cfg)
 
 
-@task(name="evaluate_format", retries=0, **_OPTS)
+@task(name="evaluate_format", retries=0, **NO_RESULT)
 def evaluate_format(cfg: Config, model_path: str | None, out: Path) -> dict[str, float]:
     return pipeline.evaluate_stage(cfg, model_path, out)
 
 
-@task(name="train_sft", retries=0, **_OPTS)
+@task(name="train_sft", retries=0, **NO_RESULT)
 def train_sft(cfg: Config, demos: Path) -> tuple[Path, dict[str, float]]:
     return pipeline.train_stage(cfg, demos)
 
 
-@task(name="version_sft", retries=2, retry_delay_seconds=2, timeout_seconds=1800, **_OPTS)
+@task(name="version_sft", retries=2, retry_delay_seconds=2, timeout_seconds=1800, **NO_RESULT)
 def version_sft(cfg: Config, paths: list[Path]) -> dict[str, Any]:
     from tasks.versioning import version_paths
 
     return version_paths(paths, cfg.tracking.dvc_remote)
 
 
-@task(name="log_sft", retries=0, **_OPTS)  # a retry would create a second MLflow run; a failure is reported
+@task(name="log_sft", retries=0, **NO_RESULT)  # a retry would create a second MLflow run; a failure is reported
 def log_sft(cfg: Config, result: dict[str, Any], checkpoint: Path) -> str:
     """One MLflow run in experiment ``<tracking.experiment>-sft``: the sft params, the loss per step, the
     format metrics before and after (``before/...``, ``after/...``) and the evaluation files as artifacts."""
     from mlflow.entities import Metric, Param
 
-    from tasks.tracking import _client, experiment_id, git_commit
+    from tasks.tracking import experiment_id, git_commit, mlflow_client
 
-    client = _client(cfg)
+    client = mlflow_client(cfg)
     name = f"{cfg.tracking.experiment}-sft"
     exp_id = experiment_id(client, cfg, name)
     r = client.create_run(exp_id, run_name=checkpoint.name, tags={

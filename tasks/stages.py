@@ -8,13 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from ragen.config import Config
 from ragen.run import iteration as it
 from ragen.run.rundir import RunDir
+from tasks.options import NO_RESULT
 
-_OPTS = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 0}
+_OPTS = {**NO_RESULT, "retries": 0}
 
 
 @task(name="generate_instances", **_OPTS)

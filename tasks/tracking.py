@@ -16,25 +16,24 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 from prefect import get_run_logger, task
-from prefect.cache_policies import NO_CACHE
 
 from ragen.config import Config, config_to_dict, flatten
 from ragen.models.precision import precision_tags
 from ragen.run.iteration import EVAL_INIT
 from ragen.run.rundir import MARKER, RunDir, write_text_atomic
+from tasks.options import NO_RESULT
 
 RUN_ID = "mlflow-run-id"  # the run id, then the tracking URI it lives at
 LOGGED = "mlflow-logged.json"  # iterations whose metrics reached MLflow
 CHAMPION = "champion"
 FAILURES = "tracking-failures.jsonl"
 _BAD_NAME = re.compile(r"[^\w\-. :/]")
-_OPTS = {"cache_policy": NO_CACHE, "persist_result": False}
 
 
 # MLflow's HTTP client retries a down server with backoff for minutes per call by default; each task here is
@@ -43,7 +42,7 @@ HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BA
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
 
 
-def _client(cfg: Config) -> Any:
+def mlflow_client(cfg: Config) -> Any:
     import os
 
     import mlflow
@@ -111,10 +110,10 @@ def experiment_id(client: Any, cfg: Config, name: str | None = None) -> str:
         return exp.experiment_id
 
 
-@task(name="start_tracking", retries=3, retry_delay_seconds=2, **_OPTS)
+@task(name="start_tracking", retries=3, retry_delay_seconds=2, **NO_RESULT)
 def start_tracking(cfg: Config, run: RunDir) -> str:
     """The MLflow run of this run directory: created with params and tags on the first start, reused after."""
-    client = _client(cfg)
+    client = mlflow_client(cfg)
     id_file = run.root / RUN_ID
     if id_file.is_file():
         run_id, _, uri = id_file.read_text().strip().partition("\n")
@@ -152,6 +151,24 @@ def log_params(client: Any, run_id: str, cfg: Config) -> None:
         client.log_batch(run_id, params=params[i:i + 100])
 
 
+def rebuild_run(client: Any, cfg: Config, exp: str, name: str, tags: dict[str, str], init: dict[str, float] | None,
+                iterations: Iterable[tuple[int, dict[str, float]]]) -> tuple[str, bool]:
+    """A finished run's MLflow run made again from its files: (run id, whether it was created). A run named
+    ``name`` already in experiment ``exp`` is returned as it is, so rebuilding twice adds nothing. A new one gets
+    ``tags``, the config's params, the panel before training as ``init/...`` at step 0 and each iteration's
+    metrics at its step; the caller logs its own extras and ends it."""
+    found = client.search_runs([exp], f"attributes.run_name = '{name}'", max_results=1)
+    if found:
+        return found[0].info.run_id, False
+    run_id = client.create_run(exp, run_name=name, tags=tags).info.run_id
+    log_params(client, run_id, cfg)
+    if init:
+        log_metrics(client, run_id, 0, {f"init/{k}": v for k, v in init.items()})
+    for k, metrics in iterations:
+        log_metrics(client, run_id, k, metrics)
+    return run_id, True
+
+
 def read_run_id(run: RunDir) -> str | None:
     p = run.root / RUN_ID
     return p.read_text().split()[0] if p.is_file() else None
@@ -162,7 +179,7 @@ def metric_name(key: str) -> str:
     return _BAD_NAME.sub("_", key.replace("@", "_at_"))
 
 
-def _log_metrics(client: Any, run_id: str, step: int, metrics: dict[str, float], when: float | None = None
+def log_metrics(client: Any, run_id: str, step: int, metrics: dict[str, float], when: float | None = None
                  ) -> None:
     from mlflow.entities import Metric
 
@@ -196,7 +213,7 @@ def logged(run: RunDir) -> set[int]:
     return set(json.loads(p.read_text())) if p.is_file() else set()
 
 
-@task(name="log_iteration", retries=3, retry_delay_seconds=2, timeout_seconds=600, **_OPTS)
+@task(name="log_iteration", retries=3, retry_delay_seconds=2, timeout_seconds=600, **NO_RESULT)
 def log_iteration(cfg: Config, run: RunDir, run_id: str, k: int, metrics: dict[str, float]) -> None:
     """Iteration k, after any earlier completed iteration that never reached MLflow (killed or failed before its
     logging): each from its metrics.json, then k with the flow's extra timings. The ledger ``mlflow-logged.json``
@@ -218,13 +235,13 @@ def _log_one(cfg: Config, run: RunDir, run_id: str, k: int, metrics: dict[str, f
     from ragen.report.trajectories import render_trajectories_html
     from ragen.rollout.table import read_rollouts
 
-    client = _client(cfg)
+    client = mlflow_client(cfg)
     marker = run.iteration(k) / MARKER
     when = json.loads(marker.read_text()).get("time") if marker.is_file() else None
-    _log_metrics(client, run_id, k, metrics, when)
+    log_metrics(client, run_id, k, metrics, when)
     init = run.root / EVAL_INIT
     if k == 0 and init.is_file():
-        _log_metrics(client, run_id, 0, {f"init/{key}": v for key, v in json.loads(init.read_text()).items()})
+        log_metrics(client, run_id, 0, {f"init/{key}": v for key, v in json.loads(init.read_text()).items()})
     for name, path in ((f"dvc/data/iter_{k:05d}", run.iteration(k)), (f"dvc/checkpoint/iter_{k:05d}", run.state(k))):
         md5 = dvc_md5(run, path)
         if md5 is not None:
@@ -260,10 +277,10 @@ def _log_plots(client: Any, run: RunDir, run_id: str) -> None:
             client.log_artifact(run_id, str(png), "plots")
 
 
-@task(name="log_summary", retries=3, retry_delay_seconds=2, **_OPTS)
+@task(name="log_summary", retries=3, retry_delay_seconds=2, **NO_RESULT)
 def log_summary(cfg: Config, run: RunDir, run_id: str) -> None:
     """At the end of a run: the final curves and the resolved config as ``params.yaml``."""
-    client = _client(cfg)
+    client = mlflow_client(cfg)
     _log_plots(client, run, run_id)
     with tempfile.TemporaryDirectory() as d:
         shutil.copy(run.root / "config.yaml", Path(d) / "params.yaml")
@@ -274,7 +291,7 @@ def model_name(cfg: Config) -> str:
     return cfg.tracking.registered_model or f"{cfg.tracking.experiment}-actor"
 
 
-@task(name="register_model", retries=3, retry_delay_seconds=2, timeout_seconds=1800, **_OPTS)
+@task(name="register_model", retries=3, retry_delay_seconds=2, timeout_seconds=1800, **NO_RESULT)
 def register_model(cfg: Config, run: RunDir, run_id: str) -> dict[str, Any] | None:
     """Register the final actor (safetensors + tokenizer, loadable as ``model.base``) as a model version; move
     the ``champion`` alias to it only if its final val score beats the current champion's."""
@@ -284,7 +301,7 @@ def register_model(cfg: Config, run: RunDir, run_id: str) -> dict[str, Any] | No
     k = done[-1]
     ev = run.iteration(k) / "eval.json"
     score = json.loads(ev.read_text()).get("val/score") if ev.is_file() else None
-    client = _client(cfg)
+    client = mlflow_client(cfg)
     name = model_name(cfg)
     from mlflow.exceptions import MlflowException
 
@@ -314,18 +331,18 @@ def register_model(cfg: Config, run: RunDir, run_id: str) -> dict[str, Any] | No
             "previous_champion": int(current.version) if current is not None else None}
 
 
-@task(name="log_rollback", retries=3, retry_delay_seconds=2, **_OPTS)
+@task(name="log_rollback", retries=3, retry_delay_seconds=2, **NO_RESULT)
 def log_rollback(cfg: Config, run_id: str, n: int, event: dict[str, Any]) -> None:
     """A collapse-guard rollback: metric ``guard/rollbacks`` (= n) at the iteration that tripped it, and a tag
     ``guard/rollback_<n>`` with what happened (signals, where training continues, the learning-rate factor)."""
-    client = _client(cfg)
-    _log_metrics(client, run_id, int(event["at"]), {"guard/rollbacks": float(n)})
+    client = mlflow_client(cfg)
+    log_metrics(client, run_id, int(event["at"]), {"guard/rollbacks": float(n)})
     client.set_tag(run_id, f"guard/rollback_{n}", json.dumps(event, sort_keys=True))
 
 
-@task(name="end_tracking", retries=3, retry_delay_seconds=2, **_OPTS)
+@task(name="end_tracking", retries=3, retry_delay_seconds=2, **NO_RESULT)
 def end_tracking(cfg: Config, run_id: str, status: str = "FINISHED") -> None:
-    _client(cfg).set_terminated(run_id, status=status)
+    mlflow_client(cfg).set_terminated(run_id, status=status)
 
 
 def reported(run: RunDir, what: str, fn: Any, *args: Any) -> Any:
@@ -350,7 +367,7 @@ def download_model(cfg: Config, spec: str, dest_root: str | Path = "models/mlflo
     if not name or not sep or not which:
         raise ValueError(f"--mlflow-model {spec!r}: give NAME@ALIAS (e.g. {model_name(cfg)}@{CHAMPION}) or "
                          f"NAME/VERSION")
-    client = _client(cfg)
+    client = mlflow_client(cfg)
     try:
         mv = client.get_model_version_by_alias(name, which) if sep == "@" else client.get_model_version(name, which)
     except MlflowException as e:

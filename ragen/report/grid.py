@@ -5,7 +5,6 @@ and the long-format ``curves.csv`` that ``dvc plots`` draws, one row per (run, i
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 from ragen.report.ablations import GridResult
 from ragen.run.iteration import EVAL_INIT
 from ragen.run.rundir import RunDir, write_json
+from ragen.tables import write_csv
 
 CURVES = ("val_success", "val_score", "train_success", "in_group_std", "entropy", "grad_norm", "echo_warning")
 
@@ -23,7 +23,7 @@ def grid_dir(reports: str | Path, experiment: str, seed: int) -> Path:
 
 
 def history(run: RunDir) -> list[dict[str, Any]]:
-    return [json.loads((run.iteration(k) / "metrics.json").read_text()) for k in run.completed()]
+    return [run.metrics(k) for k in run.completed()]
 
 
 def export_run(run: RunDir, out: Path, info: dict[str, Any]) -> dict[str, Any]:
@@ -64,13 +64,7 @@ def curve_rows(name: str, hist: Sequence[dict[str, Any]], init: dict[str, Any] |
 
 def write_curves(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     """A long-format CSV (run, step, metrics); NaN cells are left empty so plots skip them."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=["run", "step", *CURVES])
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if isinstance(v, float) and v != v else v) for k, v in r.items()})
-    return path
+    return write_csv(rows, ["run", "step", *CURVES], path)
 
 
 def load_results(reports: str | Path, runs: Sequence[tuple[str, int]]) -> tuple[list[GridResult], list[str]]:

@@ -9,7 +9,6 @@ fraction) are written as CSV beside it, and plotted together in one figure."""
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 import sys
@@ -28,6 +27,7 @@ from ragen.eval.panels import VAL_SEED, make_panel, read_panel, write_panel
 from ragen.eval.stats import rate_difference, wilson
 from ragen.run.iteration import EVAL_INIT, panel_eval_dir
 from ragen.run.rundir import RunDir, write_json
+from ragen.tables import write_csv
 
 RESULT_JSON = "learn.json"
 CURVE_CSV = "curve.csv"
@@ -149,14 +149,6 @@ def training_rows(run: RunDir) -> list[dict[str, Any]]:
         rows.append({"iteration": k, **{name: float(m.get(key, float("nan")))
                                         for name, key in TRAINING_METRICS.items()}})
     return rows
-
-
-def write_csv(rows: Sequence[dict[str, Any]], fields: Sequence[str], path: Path) -> Path:
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(fields))
-        w.writeheader()
-        w.writerows(rows)
-    return path
 
 
 def _series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:

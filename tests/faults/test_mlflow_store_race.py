@@ -11,13 +11,13 @@ ROUNDS = 3
 
 
 def start_run(uri: str, artifacts: str, barrier, out) -> None:
-    from tasks.tracking import _client, experiment_id
+    from tasks.tracking import experiment_id, mlflow_client
 
     cfg = load_config(overrides=[f"tracking.mlflow_tracking_uri={uri}",
                                  f"tracking.mlflow_artifact_location={artifacts}", "tracking.experiment=race"])
     barrier.wait(timeout=60)  # every process opens the store at once
     try:
-        client = _client(cfg)
+        client = mlflow_client(cfg)
         run = client.create_run(experiment_id(client, cfg))
         client.log_metric(run.info.run_id, "x", 1.0, step=0)
         out.put(("ok", run.info.run_id))
