@@ -160,6 +160,10 @@ class AlgorithmConfig(_Section):
     kl_monitor: bool = Field(False, description="score every update's batch under the reference (the run's starting "
                              "weights) to log rollout/kl_old_ref, the KL to the start, without a KL term (one more "
                              "scoring pass per update)")
+    kl_monitor_size: int = Field(0, ge=0, description="trajectories of each update's batch the KL monitor scores "
+                                 "under the reference (whole micro-batches spread over the batch; 0 = all). "
+                                 "Only where no KL term needs every one: the monitor then costs a fraction of a "
+                                 "scoring pass")
     kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
     kl_target: float = Field(0.1, gt=0.0)
     kl_horizon: int = Field(10000, ge=1)

@@ -8,8 +8,8 @@ from test_update import SMALL, engines, flat
 
 from ragen.config import load_config
 from ragen.envs.instances import plan_instances
-from ragen.train.batch import Sequences
-from ragen.train.update import group_signal, update
+from ragen.train.batch import MicroBatch, Sequences
+from ragen.train.update import group_signal, monitor_sample, update
 
 
 def sequences(scores, groups, n=6):
@@ -122,6 +122,25 @@ def test_value_scale_and_head_rate(tokenizer):
     assert critic(ids, torch.ones_like(ids))[0, 1:].tolist() == pytest.approx([5.0] * 5)  # V = s * head
 
 
+@pytest.mark.unit
+def test_monitor_sample_takes_evenly_spaced_micro_batches_holding_enough_trajectories():
+    def mbs(*sizes):
+        out, at = [], 0
+        for n in sizes:
+            e = torch.zeros((n, 1))
+            out.append(MicroBatch(list(range(at, at + n)), e.long(), e.long(), e.bool(), e.bool()))
+            at += n
+        return out
+
+    eight = mbs(*[2] * 8)
+    assert monitor_sample(eight, 0) == eight and monitor_sample(eight, 16) == eight == monitor_sample(eight, 99)
+    assert [mb.index for mb in monitor_sample(eight, 2)] == [[0, 1]]
+    assert [mb.index[0] for mb in monitor_sample(eight, 4)] == [0, 14]  # the first and the last
+    assert [mb.index[0] for mb in monitor_sample(eight, 6)] == [0, 8, 14]  # micro-batches 0, 4 and 7
+    uneven = mbs(1, 6, 1)  # the spaced picks (first, last) hold 2 of the 3 asked: the one between is added
+    assert [mb.index for mb in monitor_sample(uneven, 3)] == [[0], [1, 2, 3, 4, 5, 6], [7]]
+
+
 @pytest.mark.integration
 def test_kl_monitor_scores_the_reference_without_a_kl_term(tokenizer):
     """algorithm.kl_monitor loads the reference for a KL-to-start metric only: 0 while the actor is the start,
@@ -139,7 +158,12 @@ def test_kl_monitor_scores_the_reference_without_a_kl_term(tokenizer):
     assert first.metrics["rollout/kl_old_ref"] == pytest.approx(0.0, abs=1e-6)
     second = update(cfg, seqs, actor, ref=ref, pad_id=tokenizer.pad_token_id)
     assert abs(second.metrics["rollout/kl_old_ref"]) > 1e-4  # k1 on scripted (not sampled) tokens: either sign
+    assert first.metrics["rollout/kl_monitor_trajectories"] == 4
     plain, _ = engines(cfg, "plain")
     update(load_config(None, ["cpu-small"], GRPO), seqs, plain, pad_id=tokenizer.pad_token_id)
     update(load_config(None, ["cpu-small"], GRPO), seqs, plain, pad_id=tokenizer.pad_token_id)
     assert torch.equal(flat(plain), flat(actor))
+    sampled = load_config(None, ["cpu-small"], [*GRPO, "algorithm.kl_monitor=true", "algorithm.kl_monitor_size=2",
+                                                "actor.micro_batch_size=1", "actor.micro_batch_tokens=0"])
+    third = update(sampled, seqs, actor, ref=ref, pad_id=tokenizer.pad_token_id)  # trajectories 0 and 3 scored
+    assert third.metrics["rollout/kl_monitor_trajectories"] == 2 and third.metrics["rollout/kl_old_ref"] != 0.0

@@ -43,6 +43,7 @@ _ITER = re.compile(r"^iter_(\d{5})$")
 # model.emulated_bf16=fp32 changes nothing on the bf16-native CPU the committed grid ran on)
 LATER_KEYS = {"actor.compute_dtype": "fp32", "critic.compute_dtype": "fp32", "rollout.sync_floor_factor": 2.0,
               "model.emulated_bf16": "fp32", "algorithm.zero_variance_groups": "keep", "algorithm.kl_monitor": False,
+              "algorithm.kl_monitor_size": 0,
               "critic.value_head_lr": None, "critic.value_scale": 1.0, "envs.train_seeds": None}
 RESUME_FREE = ("trainer.total_training_steps", "rollout.progress", "tracking.", "diagnostics.")
 

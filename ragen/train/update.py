@@ -80,6 +80,19 @@ def score_batch(model: Any, seqs: Sequences, mbs: list[MicroBatch], *, temperatu
     return out
 
 
+def monitor_sample(mbs: list[MicroBatch], n: int) -> list[MicroBatch]:
+    """Whole micro-batches, evenly spaced over ``mbs``, that hold at least ``n`` trajectories (all for n = 0 or
+    when they hold no more): the KL monitor's sample of a batch."""
+    total = sum(len(mb.index) for mb in mbs)
+    if n <= 0 or total <= n:
+        return mbs
+    k = min(len(mbs), max(1, math.ceil(len(mbs) * n / total)))
+    picks = sorted({round(i * (len(mbs) - 1) / max(k - 1, 1)) for i in range(k)})
+    while sum(len(mbs[i].index) for i in picks) < n:  # short micro-batches among the picks: add the next ones
+        picks = sorted({*picks, next(i for i in range(len(mbs)) if i not in picks)})
+    return [mbs[i] for i in picks]
+
+
 def token_rewards(cfg: Config, seqs: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense token rewards (B, Lmax) and the per-trajectory score used for them (REFERENCE 2.7): with turn
     scores off, the (normalised) score sits where the stored reward sits; with turn scores on, the stored
@@ -160,10 +173,17 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
             metrics["rollout/logprob_mismatch_max"] = float(gap[have].max())
     ref_logp = None
     if ref is not None:
+        monitor_only = not (a.use_kl_in_reward or ac.use_kl_loss)
+        ref_mbs = monitor_sample(score_mbs, a.kl_monitor_size) if monitor_only else score_mbs
         with clock("ref_scoring"):
-            ref_logp = score_batch(ref, seqs, score_mbs, temperature=temp, kind="logp", bf16=actor_bf16)
-        metrics["rollout/ref_log_prob"] = float(masked_mean(ref_logp, mask))
-        metrics["rollout/kl_old_ref"] = float(masked_mean(kl_penalty(old_logp, ref_logp, a.kl_penalty), mask))
+            ref_logp = score_batch(ref, seqs, ref_mbs, temperature=temp, kind="logp", bf16=actor_bf16)
+        scored = torch.zeros(B, dtype=torch.bool)
+        for mb in ref_mbs:
+            scored[mb.index] = True
+        seen = mask & scored[:, None]
+        metrics["rollout/ref_log_prob"] = float(masked_mean(ref_logp, seen))
+        metrics["rollout/kl_old_ref"] = float(masked_mean(kl_penalty(old_logp, ref_logp, a.kl_penalty), seen))
+        metrics["rollout/kl_monitor_trajectories"] = float(scored.sum())
     use_critic = a.adv_estimator == "gae"
     if use_critic and critic is None:
         raise ValueError("algorithm.adv_estimator=gae needs a critic")
