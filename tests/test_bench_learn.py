@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RAGEN = str(Path(sys.executable).with_name("ragen"))
 TINY = [f"model.base={TINY_MODEL}", "model.dtype=fp32", "rollout.engine=vllm", "rollout.kv_cache_gib=1",
         "rollout.response_length=8", "actor.gradient_checkpointing=false", "critic.gradient_checkpointing=false",
-        "rollout.sync_mean_tol=1e-3", "rollout.sync_max_tol=1e-2"]
+        "rollout.sync_mean_tol=1e-3", "rollout.sync_max_tol=1e-2",
+        "model.warm_start=off"]  # params.yaml starts from the SFT warm-start; the tiny model has none
 
 
 def bench(out: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -3,7 +3,9 @@ from pathlib import Path
 import pytest
 
 from ragen.config import (
+    PARAMS_COMMAND,
     PARAMS_HEADER,
+    PARAMS_PRESETS,
     Config,
     ConfigError,
     available_presets,
@@ -127,14 +129,15 @@ def test_custom_tags_in_config():
         load_config(overrides=["envs.custom={Nope: {}}"])
 
 
-def test_params_yaml_is_the_generated_cpu_small_config():
+def test_params_yaml_is_the_generated_main_config():
     """params.yaml documents every key and must not drift from the schema."""
     path = ROOT / "params.yaml"
     from ragen.experiments import grid_yaml
 
-    assert path.read_text() == commented_yaml(load_config(presets=["cpu-small"]), PARAMS_HEADER) + grid_yaml(), \
-        "params.yaml is stale: regenerate with `ragen config params --preset cpu-small > params.yaml`"
-    assert load_config(path) == load_config(presets=["cpu-small"])
+    main = load_config(presets=list(PARAMS_PRESETS))
+    assert path.read_text() == commented_yaml(main, PARAMS_HEADER) + grid_yaml(), \
+        f"params.yaml is stale: regenerate with `{PARAMS_COMMAND}`"
+    assert load_config(path) == main
 
 
 def test_flatten_for_tracking():

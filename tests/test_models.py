@@ -92,3 +92,29 @@ def test_native_bf16_matches_the_cpu_flags():
     flags = set(Path("/proc/cpuinfo").read_text().split())
     assert native_bf16() is bool({"avx512_bf16", "amx_tile", "amx_bf16"} & flags)
     assert hardware().startswith("cpu-") and hardware().endswith("-bf16") is native_bf16()
+
+
+@pytest.mark.unit
+def test_batches_go_to_the_device_of_the_model_that_consumes_them(monkeypatch):
+    import numpy as np
+    import torch
+
+    from ragen.models.device import compute_device, device_of
+    from ragen.train.batch import Sequences, collate
+    from ragen.train.ds import collective_device
+
+    class Wrapped:  # a DeepSpeed engine holds the module as .module
+        module = torch.nn.Linear(2, 2, dtype=torch.float64)
+
+    assert device_of(Wrapped()) == torch.device("cpu") == device_of(torch.nn.Identity())  # no weights: the CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert compute_device() == torch.device("cpu") and collective_device() == torch.device("cpu")
+    ids = [np.array([5, 6, 7]), np.array([8, 9])]
+    seqs = Sequences(ids, [np.array([0, 1, 1], bool), np.array([0, 1], bool)],
+                     [np.zeros(3), np.zeros(2)], [np.array([0, 0, 1], bool), np.array([0, 1], bool)],
+                     np.zeros(2), np.array([0, 0]), ["t", "t"])
+    mb = collate(seqs, [0, 1], pad_id=0)
+    moved = mb.to("meta")  # a device other than the CPU: every tensor goes, the index stays
+    assert moved.index == [0, 1] and all(t.device.type == "meta" for t in
+                                         (moved.input_ids, moved.attention_mask, moved.loss_mask, moved.turn_ends))
+    assert moved.input_ids.shape == mb.input_ids.shape and moved.loss_mask.dtype == torch.bool

@@ -167,3 +167,8 @@ def test_kl_monitor_scores_the_reference_without_a_kl_term(tokenizer):
                                                 "actor.micro_batch_size=1", "actor.micro_batch_tokens=0"])
     third = update(sampled, seqs, actor, ref=ref, pad_id=tokenizer.pad_token_id)  # trajectories 0 and 3 scored
     assert third.metrics["rollout/kl_monitor_trajectories"] == 2 and third.metrics["rollout/kl_old_ref"] != 0.0
+    # the logged score is the env's (scores 1, 0, 1, 0); the update's rewards are what normalisation made of it
+    centred = update(load_config(None, ["cpu-small"], [*GRPO, "algorithm.reward_norm_method=mean"]), seqs, actor,
+                     pad_id=tokenizer.pad_token_id).metrics
+    assert centred["critic/score/mean"] == first.metrics["critic/score/mean"] == 0.5
+    assert centred["critic/rewards/mean"] == pytest.approx(0.0, abs=1e-7)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ragen.models.device import compute_device, device_of
 from ragen.models.registry import torch_dtype
 from ragen.rollout.engine import Generation, Sampling, clip_requests
 
@@ -20,7 +21,7 @@ class HFEngine:
         from transformers import AutoModelForCausalLM
 
         self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code)
+            model_path, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code).to(compute_device())
         self.model.eval()
         self.pad_token_id = int(pad_token_id)
         self.batch_size = batch_size
@@ -30,7 +31,8 @@ class HFEngine:
                  max_new_tokens: Sequence[int] | None = None) -> list[Generation]:
         caps = clip_requests(max_new_tokens, len(prompts), sampling)
         out: list[Generation] = []
-        with torch.random.fork_rng(devices=[]):
+        dev = device_of(self.model)  # sampling draws from this device's generator: fork and seed that one
+        with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else []):
             torch.manual_seed(seed)
             for start in range(0, len(prompts), self.batch_size):
                 chunk = prompts[start:start + self.batch_size]
@@ -44,6 +46,8 @@ class HFEngine:
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
             attn[i, width - len(p):] = 1
+        dev = device_of(self.model)
+        ids, attn = ids.to(dev), attn.to(dev)
         kwargs: dict[str, Any] = {"do_sample": not sampling.greedy, "max_new_tokens": max(caps),
                                   "pad_token_id": self.pad_token_id, "return_dict_in_generate": True,
                                   "output_scores": True, "eos_token_id": list(sampling.stop_token_ids) or None}
@@ -84,6 +88,7 @@ def sequence_logprobs(model: Any, sequences: Sequence[Sequence[int]], pad_token_
                       batch_size: int = 16) -> list[list[float]]:
     """Temperature-1 logprob of tokens 1..n-1 of each sequence under ``model`` (right padding), in fp32."""
     out: list[list[float]] = []
+    dev = device_of(model)
     for start in range(0, len(sequences), batch_size):
         chunk = sequences[start:start + batch_size]
         width = max(len(s) for s in chunk)
@@ -92,8 +97,9 @@ def sequence_logprobs(model: Any, sequences: Sequence[Sequence[int]], pad_token_
         for i, s in enumerate(chunk):
             ids[i, :len(s)] = torch.tensor(list(s), dtype=torch.long)
             attn[i, :len(s)] = 1
+        ids, attn = ids.to(dev), attn.to(dev)
         logits = model(input_ids=ids, attention_mask=attn).logits.float()
-        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1).cpu()
         out.extend(logp[i, :len(s) - 1].tolist() for i, s in enumerate(chunk))
     return out
 

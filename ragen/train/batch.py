@@ -98,6 +98,12 @@ class MicroBatch:
     def tokens(self) -> int:
         return int(self.input_ids.numel())
 
+    def to(self, device: torch.device | str) -> MicroBatch:
+        """The same micro-batch with its tensors on ``device`` (batches are built on the CPU; the model that
+        consumes one may live on a GPU)."""
+        return MicroBatch(self.index, *(t.to(device, non_blocking=True) for t in
+                                        (self.input_ids, self.attention_mask, self.loss_mask, self.turn_ends)))
+
 
 def collate(seqs: Sequences, index: Sequence[int], pad_id: int, pad_to: int | None = None) -> MicroBatch:
     index = list(index)

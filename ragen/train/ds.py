@@ -52,6 +52,16 @@ def ensure_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def collective_device() -> torch.device:
+    """Where a tensor handed to a collective must live: the rank's GPU under NCCL (it refuses CPU tensors),
+    the CPU under gloo."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 _seen_world: list[Any] = []
 
 

@@ -26,9 +26,10 @@ from ragen.algos.filtering import group_stats
 from ragen.algos.losses import agg_loss, kl_penalty, policy_terms, value_terms
 from ragen.algos.masked import explained_variance, masked_mean
 from ragen.config import Config
+from ragen.models.device import device_of
 from ragen.models.precision import runs_bf16
 from ragen.train.batch import MicroBatch, Sequences, bucket_micro_batches, collate, fixed_micro_batches, pad_ragged
-from ragen.train.ds import begin_micro_batch, grad_norm_after_step, grad_norm_before_step
+from ragen.train.ds import begin_micro_batch, collective_device, grad_norm_after_step, grad_norm_before_step
 from ragen.train.models import bf16_autocast, token_logprobs, unwrap
 
 
@@ -54,8 +55,8 @@ def micro_batches(seqs: Sequences, index: list[int], *, micro_batch_size: int, t
 
 
 def _rows(full: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
-    """The rows of a (B, Lmax) tensor for a micro-batch, cut to its width."""
-    return full[mb.index, :mb.input_ids.shape[1]]
+    """The rows of a (B, Lmax) tensor (kept on the CPU) for a micro-batch, cut to its width, on its device."""
+    return full[mb.index, :mb.input_ids.shape[1]].to(mb.input_ids.device, non_blocking=True)
 
 
 @torch.no_grad()
@@ -65,17 +66,19 @@ def score_batch(model: Any, seqs: Sequences, mbs: list[MicroBatch], *, temperatu
     trajectory, (B, Lmax), fp32; ``bf16`` autocasts the forward passes as the training step that uses them does."""
     out = torch.zeros((len(seqs), int(seqs.lengths.max())), dtype=torch.float32)
     m = unwrap(model)
+    dev = device_of(m)
     was_training = m.training
     m.eval()
     for mb in mbs:
+        mb = mb.to(dev)
         if kind == "value":
-            with bf16_autocast(bf16):
+            with bf16_autocast(bf16, dev):
                 v = m(mb.input_ids, mb.attention_mask)
             v = v.float()
         else:
             v, _ = token_logprobs(m, mb.input_ids, mb.attention_mask, temperature, bf16=bf16,
                                   positions=mb.loss_mask)  # only the trained tokens' logprobs are read
-        out[mb.index, :v.shape[1]] = v.float() * mb.attention_mask
+        out[mb.index, :v.shape[1]] = (v.float() * mb.attention_mask).cpu()
     m.train(was_training)
     return out
 
@@ -217,7 +220,8 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
     has = bool(actor_mask.any())
     if not has:  # nothing to whiten over; no actor step follows
         adv = torch.zeros_like(adv)
-    metrics.update({"critic/score/mean": float(scores.mean()),
+    # the score as the env gave it (veRL's critic/score), and what the update used after reward normalisation
+    metrics.update({"critic/score/mean": float(np.mean(seqs.scores)), "critic/rewards/mean": float(scores.mean()),
                     "critic/advantages/mean": float(masked_mean(adv, actor_mask)) if has else 0.0,
                     "critic/advantages/max": float(adv[actor_mask].max()) if has else 0.0,
                     "critic/advantages/min": float(adv[actor_mask].min()) if has else 0.0})
@@ -317,7 +321,8 @@ def boundary_steps(engine: Any, seqs: Sequences, local: list[int], cfg_opt: Any,
         import torch.distributed as dist
 
         keys = sorted(sums)
-        t = torch.tensor([sums[k] for k in keys] + [0.0 if finite else 1.0], dtype=torch.float64)
+        t = torch.tensor([sums[k] for k in keys] + [0.0 if finite else 1.0], dtype=torch.float64,
+                         device=collective_device())
         dist.all_reduce(t)
         sums = defaultdict(float, zip(keys, t[:-1].tolist(), strict=True))
         finite = bool(t[-1] == 0)
@@ -349,8 +354,10 @@ def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_l
     norm_len = int(seqs.lengths[mini].max())
     m = unwrap(actor)
     m.train()
+    dev = device_of(m)
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        mb = mb.to(dev)
         lp, ent = token_logprobs(m, mb.input_ids, mb.attention_mask, cfg.rollout.temperature, with_entropy=True,
                                  bf16=bf16, positions=mb.loss_mask)
         msk = mb.loss_mask & _rows(mask, mb)  # the trained tokens of trajectories with signal
@@ -383,9 +390,11 @@ def _critic_step(cfg: Config, critic: Any, seqs: Sequences, mini: list[int], old
     n_tokens = float(mask[mini].sum().clamp(min=1))
     m = unwrap(critic)
     m.train()
+    dev = device_of(m)
 
     def loss_fn(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        with bf16_autocast(bf16):
+        mb = mb.to(dev)
+        with bf16_autocast(bf16, dev):
             v = m(mb.input_ids, mb.attention_mask)
         v = v.float()
         s = cc.value_scale  # loss and clip in the head's units (V / value_scale)
