@@ -825,7 +825,7 @@ def bench_learn_cmd(as_json: Annotated[bool, typer.Option("--json", help="print 
                     params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None) -> None:
     """Learning as a benchmark: train a fresh run (vLLM + DeepSpeed, plain loop) and score a fixed panel before,
     every trainer.test_freq and after; per tag success before/after (Wilson 95%) and the change (Newcombe 95%).
-    Default: the main command's settings (params.yaml: cpu-small Bandit, 10 iterations; 16 min on a 2-core EPYC)."""
+    Default: the main command's settings (params.yaml: cpu-small + cpu-bandit, Bandit with thinking, 6 iterations)."""
     from ragen.run.learn_bench import LearnSpec, bench_learn
     from ragen.run.learn_bench import redraw as redraw_files
 
