@@ -81,6 +81,24 @@ def config_params(params: ParamsOpt = None, preset: PresetOpt = None, overrides:
     typer.echo(commented_yaml(_config(params, preset, overrides), PARAMS_HEADER) + grid_yaml(), nl=False)
 
 
+@config_app.command("reference")
+def config_reference(write: Annotated[Path | None, typer.Option(help="refresh the generated block of this page "
+                                                                     "(docs/configuration.md) in place")] = None,
+                     ) -> None:
+    """Print the key reference generated from the schema (key, type, default, description), or refresh a page's."""
+    from ragen.config_reference import reference_markdown, write_reference
+
+    if write is None:
+        typer.echo(reference_markdown(), nl=False)
+        return
+    try:
+        changed = write_reference(write)
+    except (OSError, ValueError) as e:
+        typer.secho(f"{write}: {e}", err=True, fg="red")
+        raise typer.Exit(2) from None
+    typer.echo(f"{write}: {'updated' if changed else 'already current'}")
+
+
 @envs_app.command("list")
 def envs_list() -> None:
     """List env tags with their env type and settings."""

