@@ -24,9 +24,10 @@ import yaml
 from prefect import get_run_logger, task
 
 from ragen.config import Config, config_to_dict, flatten
+from ragen.io import write_text_atomic
 from ragen.models.precision import precision_tags
 from ragen.run.iteration import EVAL_INIT
-from ragen.run.rundir import MARKER, RunDir, write_text_atomic
+from ragen.run.rundir import MARKER, RunDir
 from tasks.options import NO_RESULT
 
 RUN_ID = "mlflow-run-id"  # the run id, then the tracking URI it lives at

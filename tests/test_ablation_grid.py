@@ -90,8 +90,8 @@ def test_dvc_repro_runs_the_grid_and_writes_the_report(grid_repo):
 
 def test_an_evaluation_with_other_settings_is_not_reused(grid_repo, tmp_path):
     from flows.ablations import grid_config
-    from ragen.eval.evaluate import reuse_run_evaluation
     from ragen.experiments import read_grid
+    from ragen.run.evaluation import reuse_run_evaluation
 
     repo, _ = grid_repo
     run_dir = json.loads((repo / "reports" / "grid" / "starpo-s-bandit-s0" / "train.json").read_text())["run_dir"]

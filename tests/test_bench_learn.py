@@ -104,7 +104,7 @@ def test_quick_bench_prints_the_before_after_json_and_writes_the_curve(tmp_path,
 def test_bad_settings_fail_before_any_model_loads(tmp_path):
     from typer.testing import CliRunner
 
-    from ragen.cli import app
+    from cli.main import app
 
     def invoke(*args: str):
         return CliRunner().invoke(app, ["bench", "learn", "--quick", "--out", str(tmp_path / "x"), *args])
@@ -122,7 +122,7 @@ def test_bad_settings_fail_before_any_model_loads(tmp_path):
 def test_redraw_needs_a_finished_measurement(tmp_path):
     from typer.testing import CliRunner
 
-    from ragen.cli import app
+    from cli.main import app
 
     r = CliRunner().invoke(app, ["bench", "learn", "--redraw", str(tmp_path)])
     assert r.exit_code == 2 and "learn.json" in r.output

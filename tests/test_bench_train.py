@@ -47,7 +47,7 @@ def test_bench_train_reports_peak_flops_and_mfu_per_model_and_batch():
 def test_bench_train_refuses_an_unknown_batch():
     from typer.testing import CliRunner
 
-    from ragen.cli import app
+    from cli.main import app
     from ragen.train.update_bench import batch_config
 
     with pytest.raises(ValueError, match="unknown batch 'sokoban'"):

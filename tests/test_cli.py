@@ -3,7 +3,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from ragen.cli import app
+from cli.main import app
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from ragen.cli import app
+from cli.main import app
 from ragen.report.compare import markdown, summarize
 from ragen.run.guard import GuardState, Rollback
 from ragen.run.rundir import RunDir

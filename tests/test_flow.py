@@ -111,7 +111,7 @@ def versioning_md5(run, path):
 def test_ragen_train_cli_runs_the_flow_and_reports_a_finished_run(prefect_api, tmp_path):
     from typer.testing import CliRunner
 
-    from ragen.cli import app
+    from cli.main import app
 
     over = [*TINY, f"trainer.run_dir={tmp_path}", f"tracking.mlflow_tracking_uri=sqlite:///{tmp_path / 'm.db'}",
             f"tracking.mlflow_artifact_location={tmp_path / 'mlartifacts'}", "trainer.val_before_train=false",

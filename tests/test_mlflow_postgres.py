@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_training_logs_to_an_mlflow_server_on_postgresql(prefect_api, tmp_path):
     import mlflow
 
-    from ragen.services import LocalMLflowServer, LocalPostgres
+    from tasks.services import LocalMLflowServer, LocalPostgres
 
     with LocalPostgres(tmp_path / "pg") as pg, LocalMLflowServer(pg.url, tmp_path / "store") as srv:
         over = [*TINY, f"trainer.run_dir={tmp_path / 'runs'}", "tracking.dvc=false", "tracking.experiment=pgtest",
@@ -59,7 +59,7 @@ def test_missing_postgres_binaries_name_the_fix(monkeypatch, tmp_path):
 
 
 def test_a_server_that_cannot_start_names_its_log(tmp_path):
-    from ragen.services import LocalMLflowServer, ServiceError
+    from tasks.services import LocalMLflowServer, ServiceError
 
     bad = LocalMLflowServer("notadb://x", tmp_path / "store", startup_timeout=60)
     with pytest.raises(ServiceError, match=r"mlflow-server\.log"):

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ragen.io import write_json
 from ragen.report.ablations import GridResult
 from ragen.run.iteration import EVAL_INIT
-from ragen.run.rundir import RunDir, write_json
+from ragen.run.rundir import RunDir
 from ragen.tables import write_csv
 
 CURVES = ("val_success", "val_score", "train_success", "in_group_std", "entropy", "grad_norm", "echo_warning")

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ragen.config import Config, apply_overrides
-from ragen.run.rundir import MARKER, RunDir, write_json
+from ragen.io import write_json
+from ragen.run.rundir import MARKER, RunDir
 
 GUARD_FILE = "guard.json"
 ARCHIVE = "guard"

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ragen.config import Config
-from ragen.run.rundir import ResumeError, RunDir, prune_states, write_json
+from ragen.io import write_json
+from ragen.run.rundir import ResumeError, RunDir, prune_states
 
 EVAL_INIT = "eval_init.json"
 

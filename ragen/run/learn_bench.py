@@ -25,8 +25,9 @@ from ragen.eval.evaluate import ROLLOUTS
 from ragen.eval.metrics import panel_metrics
 from ragen.eval.panels import VAL_SEED, make_panel, read_panel, write_panel
 from ragen.eval.stats import rate_difference, wilson
+from ragen.io import write_json
 from ragen.run.iteration import EVAL_INIT, panel_eval_dir
-from ragen.run.rundir import RunDir, write_json
+from ragen.run.rundir import RunDir
 from ragen.tables import write_csv
 
 RESULT_JSON = "learn.json"

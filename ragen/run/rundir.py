@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from ragen.config import Config, config_to_dict, flatten, in_schema
+from ragen.io import write_text_atomic
 
 MARKER = "COMPLETE"
 CHECKPOINTS = "checkpoints"
@@ -260,17 +261,6 @@ def config_name(cfg: Config) -> str:
     flat = {k: v for k, v in identity(flatten(config_to_dict(cfg))).items() if not k.startswith(RESUME_FREE)}
     flat = {**DROPPED_KEYS, **flat}
     return "p-" + hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:10]
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """A reader sees the old file or the new one, never half of one (as tables.write_table does for parquet)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True, allow_nan=True) + "\n")
 
 
 def is_checkpoint_iteration(k: int, checkpoint_every: int, last: int) -> bool:

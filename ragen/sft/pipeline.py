@@ -148,9 +148,9 @@ def _bar(enabled: bool, desc: str) -> Any:
 
 def evaluate_stage(cfg: Config, model_path: str | None, out: str | Path) -> dict[str, float]:
     """Format evaluation of ``model_path`` (default: ``model.base``) on the fixed seeds; JSON to ``out``."""
+    from ragen.io import write_json
     from ragen.rollout.factory import make_engine
     from ragen.rollout.table import write_rollouts
-    from ragen.run.rundir import write_json
     from ragen.sft.evaluate import evaluate_format
 
     renderer = _renderer(cfg)

@@ -9,7 +9,7 @@ import pytest
 from test_loop import TINY
 from typer.testing import CliRunner
 
-from ragen.cli import app
+from cli.main import app
 from ragen.models import TINY_MODEL, ensure_model
 
 

@@ -9,7 +9,7 @@ import pytest
 from test_loop import TINY
 
 from ragen.run.rundir import RunDir
-from ragen.services import LocalMLflowServer, free_port
+from tasks.services import LocalMLflowServer, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
