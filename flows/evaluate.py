@@ -11,7 +11,7 @@ from prefect import flow, get_run_logger
 
 from ragen.config import Config
 from ragen.eval import evaluate as ev
-from ragen.eval.evaluate import resolve_checkpoint
+from ragen.run.evaluation import resolve_checkpoint, reuse_run_evaluation
 from tasks import evaluate as tasks
 from tasks import tracking
 
@@ -33,7 +33,7 @@ def evaluate_flow(cfg: Config, out: str, checkpoint: str | None = None, mlflow_m
     scored its last checkpoint on this panel with these settings (its final validation), take that evaluation."""
     logger = get_run_logger()
     model, info = model_to_score(cfg, checkpoint, mlflow_model)
-    reused = ev.reuse_run_evaluation(cfg, checkpoint, out) if reuse_run and checkpoint and not greedy else None
+    reused = reuse_run_evaluation(cfg, checkpoint, out) if reuse_run and checkpoint and not greedy else None
     if reused is not None:
         logger.info("%s scored %s on this panel during training (%s): reused", checkpoint, model, reused)
         metrics = ev.read_eval(out)["metrics"]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragen.services import Service, healthy
+from tasks.services import Service, healthy
 
 DEPLOYMENT = "ragen/train-loop"
 PROCESS_POOL = "ragen-process"
