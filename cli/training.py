@@ -68,9 +68,9 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
                              overrides=overrides or [], iterations=iterations)
             done, last, root = out["iterations"], out["last_metrics"], out["run_dir"]
         else:
-            from ragen.run.loop import train_loop as plain_loop
+            from ragen.run.loop import run_training
 
-            res = plain_loop(cfg, run)
+            res = run_training(cfg, run)
             done, root = res.iterations, res.run.root
             last = res.metrics[done[-1]] if done else None
     except errors as e:

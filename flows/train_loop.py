@@ -96,8 +96,8 @@ def _train(run: RunDir, cfg: Config, run_name: str, params: str | None, preset: 
             tracking.reported(run, "MLflow guard event", tracking.log_rollback, cfg, run_id, n, event.__dict__)
 
     try:
-        res = loop.train_loop(cfg, run_name, ops=stages, iteration=step, on_iteration=report,
-                              on_rollback=rolled_back)
+        res = loop.run_training(cfg, run_name, ops=stages, iteration=step, on_iteration=report,
+                                on_rollback=rolled_back)
     except BaseException:
         if run_id is not None:
             tracking.reported(run, "MLflow end", tracking.end_tracking, cfg, run_id, "FAILED")

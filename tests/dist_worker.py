@@ -44,8 +44,8 @@ def main(out: str, zero: str) -> None:
     from ragen.config import load_config
     from ragen.models import TINY_MODEL, ensure_model, load_tokenizer
     from ragen.train.batch import sequences_from_rollouts
-    from ragen.train.ds import ensure_distributed, gathered_state, make_engine
-    from ragen.train.models import load_actor, load_critic
+    from ragen.train.ds import ensure_distributed, gathered_state, make_ds_engine
+    from ragen.train.networks import load_actor, load_critic
     from ragen.train.update import update
 
     rank, world = ensure_distributed()
@@ -55,7 +55,7 @@ def main(out: str, zero: str) -> None:
     path = ensure_model(TINY_MODEL)
     torch.manual_seed(0)
     actor, critic = load_actor(path), load_critic(path)
-    engines = [make_engine(m, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+    engines = [make_ds_engine(m, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
                            ds_config=zero, dtype="fp32") for m, o in ((actor, cfg.actor), (critic, cfg.critic))]
     res = update(cfg, seqs, engines[0], critic=engines[1], pad_id=tok.pad_token_id, rank=rank, world=world)
     # ZeRO-3 partitions the weights: every rank takes part in gathering them (what checkpoints and the vLLM sync do)

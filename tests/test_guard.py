@@ -115,7 +115,7 @@ def test_a_damaged_guard_file_names_the_fix(tmp_path):
 def test_the_loop_rolls_back_then_gives_up(tmp_path):
     """A tiny run whose thresholds make every iteration a 'collapse' (std ratio < 100 from iteration 1): the guard
     rolls back twice (learning rates x0.5, x0.25), then stops with GuardGaveUp; nothing completed is lost."""
-    from ragen.run.loop import train_loop
+    from ragen.run.loop import run_training
 
     cfg = load_config(None, ["cpu-small"], [
         *TINY, f"trainer.run_dir={tmp_path}", "trainer.total_training_steps=3", "trainer.checkpoint_every=1",
@@ -123,7 +123,7 @@ def test_the_loop_rolls_back_then_gives_up(tmp_path):
         "diagnostics.std_collapse=100", "guard.enabled=true", "guard.signals=[std_collapse]", "guard.patience=1",
         "guard.max_rollbacks=2"])
     with pytest.raises(guard.GuardGaveUp, match="after 2 rollback"):
-        train_loop(cfg, "g")
+        run_training(cfg, "g")
     run = RunDir(tmp_path / "g")
     state = guard.GuardState.read(run)
     # iteration 1's signals indict checkpoint 0 (its rollouts' policy): both rollbacks go to the base model

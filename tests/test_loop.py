@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from ragen.config import load_config
 from ragen.models import TINY_MODEL
 from ragen.run.iteration import best_iteration
-from ragen.run.loop import train_loop
+from ragen.run.loop import run_training
 from ragen.run.rundir import ResumeError
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ def weights(run, k):
 
 
 def test_loop_writes_each_iteration_and_resumes_exactly(tmp_path):
-    full = train_loop(cfg(tmp_path, 2), "full")
+    full = run_training(cfg(tmp_path, 2), "full")
     run = full.run
     assert full.iterations == [0, 1] and full.eval_init is not None
     for k in (0, 1):
@@ -48,24 +48,24 @@ def test_loop_writes_each_iteration_and_resumes_exactly(tmp_path):
     # retention at checkpoint_every=5: only the latest and the best (by val score) states remain
     assert {k for k in (0, 1) if run.state(k).is_dir()} == {1, best_iteration(run)}
 
-    first = train_loop(cfg(tmp_path, 1), "split")  # as if killed after iteration 0 completed
+    first = run_training(cfg(tmp_path, 1), "split")  # as if killed after iteration 0 completed
     assert first.iterations == [0]
-    rest = train_loop(cfg(tmp_path, 2), "split")
+    rest = run_training(cfg(tmp_path, 2), "split")
     assert rest.iterations == [1] and rest.eval_init is None
     for key in ("train/SimpleSokoban/score", "actor/pg_loss", "critic/vf_loss", "val/score"):
         assert rest.metrics[1][key] == pytest.approx(full.metrics[1][key], rel=1e-5, abs=1e-7), key
     a, b = weights(run, 1), weights(rest.run, 1)
     assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
-    assert train_loop(cfg(tmp_path, 2), "split").iterations == []  # nothing left to do
+    assert run_training(cfg(tmp_path, 2), "split").iterations == []  # nothing left to do
 
     with pytest.raises(ResumeError, match=r"actor\.lr"):
-        train_loop(cfg(tmp_path, 3, "actor.lr=0.1"), "split")
+        run_training(cfg(tmp_path, 3, "actor.lr=0.1"), "split")
 
     # a damaged resume checkpoint: the error names the file, how to restore it, and the last good iteration
-    kept = train_loop(cfg(tmp_path, 2, "trainer.checkpoint_every=1"), "damaged").run  # keeps both checkpoints
+    kept = run_training(cfg(tmp_path, 2, "trainer.checkpoint_every=1"), "damaged").run  # keeps both checkpoints
     st = kept.state(1) / "actor" / "model.safetensors"
     st.write_bytes(st.read_bytes()[:1000])  # truncated, e.g. a full disk while copying it back
     with pytest.raises(ResumeError) as e:
-        train_loop(cfg(tmp_path, 3, "trainer.checkpoint_every=1"), "damaged")
+        run_training(cfg(tmp_path, 3, "trainer.checkpoint_every=1"), "damaged")
     msg = str(e.value)
     assert "checkpoints/iter_00001" in msg and "cannot be loaded" in msg and "last good iteration is 0" in msg

@@ -12,7 +12,7 @@ from ragen.config import AgentConfig
 from ragen.report.plots import plot_training_curves, training_series
 from ragen.report.trajectories import render_trajectories_html, select_trajectories
 from ragen.rollout.engine import Sampling
-from ragen.rollout.loop import collect_rollouts
+from ragen.rollout.episodes import play_episodes
 from ragen.rollout.scripted import ScriptedEngine
 from ragen.rollout.table import read_rollouts, rollouts_frame, write_rollouts
 
@@ -49,7 +49,7 @@ def rollouts(tokenizer, renderer, monkeypatch, tmp_path):
     inst["stream"] = inst["stream"].astype("Int64")
     order = itertools.count()
     engine = ScriptedEngine(tokenizer, lambda call, prompt: REPLIES[next(order)])
-    res = collect_rollouts(engine, inst, AgentConfig(max_turn=2), renderer,
+    res = play_episodes(engine, inst, AgentConfig(max_turn=2), renderer,
                            Sampling(temperature=1.0, max_new_tokens=64), max_model_len=4096, run_seed=0)
     df = read_rollouts(write_rollouts(rollouts_frame(inst, res.trajectories), tmp_path / "rollouts.parquet"))
     assert list(df["score"].round(6)) == [10.7, -0.3, -0.2, -0.2] and next(order) == len(REPLIES)

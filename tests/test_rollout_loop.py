@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ragen.agent.chat import Kind
 from ragen.config import AgentConfig, load_config
 from ragen.rollout.engine import Sampling
-from ragen.rollout.loop import call_seed, collect_rollouts, sampling_for
+from ragen.rollout.episodes import call_seed, play_episodes, sampling_for
 from ragen.rollout.metrics import env_metrics, group_stats
 from ragen.rollout.runner import collect, instances_for
 from ragen.rollout.scripted import ScriptedEngine
@@ -35,7 +35,7 @@ def sokoban_instances(n=2, group_size=1):
 
 
 def run(engine, renderer, instances, agent=None, max_model_len=4096, new_tokens=64, specs=None):
-    return collect_rollouts(engine, instances, agent or AgentConfig(), renderer,
+    return play_episodes(engine, instances, agent or AgentConfig(), renderer,
                             Sampling(temperature=1.0, max_new_tokens=new_tokens), max_model_len=max_model_len,
                             run_seed=0, tag_specs=specs)
 

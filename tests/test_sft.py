@@ -237,7 +237,7 @@ def test_masked_loss_equals_token_logprobs_over_the_mask(demos):
     from ragen.models import ensure_model
     from ragen.sft.train import masked_nll
     from ragen.train.batch import sequences_from_rollouts
-    from ragen.train.models import load_actor, token_logprobs
+    from ragen.train.networks import load_actor, token_logprobs
     from ragen.train.update import micro_batches
 
     _, df = demos
@@ -327,7 +327,7 @@ def test_rl_with_thinking_starts_from_the_auto_warm_start(tmp_path):
     from test_loop import TINY
 
     from ragen.models import ensure_model
-    from ragen.run.loop import train_loop
+    from ragen.run.loop import run_training
 
     ck = tmp_path / "ws"
     over = [*TINY, *TINY_SFT, "sft.tags=[SimpleSokoban]", "sft.eval_n=2", "sft.response_length=8",
@@ -336,7 +336,7 @@ def test_rl_with_thinking_starts_from_the_auto_warm_start(tmp_path):
             f"trainer.run_dir={tmp_path / 'runs'}", "trainer.total_training_steps=1"]
     cfg = load_config(None, ["cpu-small"], over)
     assert pipeline.needs_build(cfg)
-    res = train_loop(cfg, "ws-run")
+    res = run_training(cfg, "ws-run")
     assert res.iterations == [0] and pipeline.checkpoint_ready(cfg)
     assert not (ck / pipeline.EVAL_FILES["after"]).exists()  # the RL loop's warm-start skips the format eval
     assert json.loads((ck / "sft.json").read_text())["max_turn_tokens"] <= 96
@@ -346,7 +346,7 @@ def test_rl_with_thinking_starts_from_the_auto_warm_start(tmp_path):
     k = "model.layers.0.mlp.up_proj.weight"
     assert torch.allclose(rl_w[k], sft_w[k], atol=1e-6) and not torch.allclose(rl_w[k], base[k], atol=1e-4)
     stamp = (ck / "checkpoint-complete").stat().st_mtime
-    train_loop(cfg, "ws-run-2")
+    run_training(cfg, "ws-run-2")
     assert (ck / "checkpoint-complete").stat().st_mtime == stamp  # reused, not made again
 
 

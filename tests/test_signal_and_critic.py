@@ -98,7 +98,7 @@ def test_value_scale_and_head_rate(tokenizer):
                                             "critic.lr=1e-6", "critic.weight_decay=0.0", "algorithm.gamma=1.0",
                                             "algorithm.lam=1.0", "critic.ppo_mini_batch_size=4"])
     from ragen.models import TINY_MODEL, ensure_model
-    from ragen.train.models import load_critic
+    from ragen.train.networks import load_critic
 
     torch.manual_seed(0)
     critic = load_critic(ensure_model(TINY_MODEL), value_scale=cfg.critic.value_scale)
@@ -146,7 +146,7 @@ def test_kl_monitor_scores_the_reference_without_a_kl_term(tokenizer):
     """algorithm.kl_monitor loads the reference for a KL-to-start metric only: 0 while the actor is the start,
     positive once it moved, and the actor's step is the one without a monitor."""
     from ragen.models import TINY_MODEL, ensure_model
-    from ragen.train.models import load_actor
+    from ragen.train.networks import load_actor
     from ragen.train.trainer import needs_reference
 
     cfg = load_config(None, ["cpu-small"], [*GRPO, "algorithm.kl_monitor=true"])

@@ -8,7 +8,7 @@ from dist_worker import scripted_rollouts
 from ragen.config import load_config
 from ragen.models import TINY_MODEL, ensure_model
 from ragen.train.batch import bucket_micro_batches, fixed_micro_batches, sequences_from_rollouts
-from ragen.train.models import load_actor, load_critic
+from ragen.train.networks import load_actor, load_critic
 from ragen.train.plain import PlainEngine
 from ragen.train.update import update
 
@@ -37,7 +37,7 @@ def test_output_layer_at_the_masked_positions_only_equals_the_whole_forward_ther
     """token_logprobs(positions=mask): the logprobs and entropies of the masked tokens as the full forward pass
     computes them, 0 everywhere else, and gradients that reach the weights; a model that scales its logits
     (here: a softcapping config) takes the full pass."""
-    from ragen.train.models import plain_output_layer, token_logprobs
+    from ragen.train.networks import plain_output_layer, token_logprobs
 
     torch.manual_seed(0)
     model = load_actor(ensure_model(TINY_MODEL))
@@ -75,9 +75,9 @@ def engines(cfg, kind, zero="infra/deepspeed/zero0.json"):
         mk = lambda m, o: PlainEngine(m, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay,  # noqa: E731
                                       grad_clip=o.grad_clip)
     else:
-        from ragen.train.ds import make_engine
+        from ragen.train.ds import make_ds_engine
 
-        mk = lambda m, o: make_engine(m, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay,  # noqa: E731
+        mk = lambda m, o: make_ds_engine(m, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay,  # noqa: E731
                                       grad_clip=o.grad_clip, ds_config=zero, dtype="fp32")
     return mk(actor, cfg.actor), mk(critic, cfg.critic)
 

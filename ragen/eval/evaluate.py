@@ -37,7 +37,7 @@ def load_panel(cfg: Config, tags: list[str] | None = None) -> Panel:
 
 
 def eval_sampling(cfg: Config, greedy: bool = False) -> Sampling:
-    from ragen.rollout.loop import sampling_for
+    from ragen.rollout.episodes import sampling_for
 
     s = sampling_for(cfg.rollout, "val")
     return replace(s, temperature=0.0) if greedy else s

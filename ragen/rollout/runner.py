@@ -13,7 +13,7 @@ from ragen.agent.chat import ChatRenderer
 from ragen.config import Config
 from ragen.envs.instances import generate_instances
 from ragen.rollout.engine import Engine
-from ragen.rollout.loop import RolloutResult, collect_rollouts, sampling_for
+from ragen.rollout.episodes import RolloutResult, play_episodes, sampling_for
 from ragen.rollout.metrics import env_metrics
 from ragen.rollout.table import rollouts_frame
 
@@ -62,7 +62,7 @@ def collect(cfg: Config, engine: Engine, renderer: ChatRenderer, *, mode: str = 
     bar = TurnBar(len(inst), f"rollout {mode} iter {iteration}",
                   cfg.rollout.progress and (interactive() if progress is None else progress))
     try:
-        res = collect_rollouts(engine, inst, cfg.agent, renderer, sampling or sampling_for(cfg.rollout, mode),
+        res = play_episodes(engine, inst, cfg.agent, renderer, sampling or sampling_for(cfg.rollout, mode),
                                max_model_len=cfg.rollout.max_model_len, run_seed=cfg.trainer.seed,
                                iteration=iteration, mode=mode, tag_specs=cfg.tag_specs(), progress=bar)
     finally:

@@ -291,7 +291,7 @@ def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, f
     """Train a fresh run under ``spec.out`` and return the before/after JSON (also written to ``learn.json``,
     with ``curve.csv`` and its plot ``curve.png`` beside it). An existing ``learn.json`` there is refused: each
     measurement starts fresh."""
-    from ragen.run.loop import train_loop
+    from ragen.run.loop import run_training
 
     out = Path(spec.out)
     if (out / RESULT_JSON).exists() or RunDir.at(out, RUN_NAME).completed():
@@ -310,7 +310,7 @@ def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, f
         ensure_warm_start(cfg)
         build_s = time.monotonic() - tb
     t0 = time.monotonic()
-    res = train_loop(cfg, RUN_NAME, on_iteration=(lambda k, m: log(k, m, last, t0)) if log else None)
+    res = run_training(cfg, RUN_NAME, on_iteration=(lambda k, m: log(k, m, last, t0)) if log else None)
     wall = time.monotonic() - t0
     run = res.run
     done = run.completed()

@@ -70,7 +70,7 @@ def run_iteration(rt: Runtime, run: RunDir, k: int, last: int, ops: ModuleType |
     return metrics
 
 
-def train_loop(cfg: Config, name: str, *, ops: ModuleType | Any = plain_ops,
+def run_training(cfg: Config, name: str, *, ops: ModuleType | Any = plain_ops,
                iteration: Callable[..., dict[str, float]] | None = None,
                on_iteration: Callable[[int, dict[str, float]], None] | None = None,
                on_rollback: Callable[[guard.Rollback], None] | None = None) -> LoopResult:
@@ -79,10 +79,10 @@ def train_loop(cfg: Config, name: str, *, ops: ModuleType | Any = plain_ops,
     back to a healthy checkpoint and it trains on from there with the remedy (``on_rollback`` hears of it).
     The run directory is locked for the call: a second process on the same run gets ``RunBusyError``."""
     with RunDir.at(cfg.trainer.run_dir, name).locked():
-        return _train_loop(cfg, name, ops, iteration, on_iteration, on_rollback)
+        return _run_training(cfg, name, ops, iteration, on_iteration, on_rollback)
 
 
-def _train_loop(cfg: Config, name: str, ops: ModuleType | Any, iteration: Callable[..., dict[str, float]] | None,
+def _run_training(cfg: Config, name: str, ops: ModuleType | Any, iteration: Callable[..., dict[str, float]] | None,
                 on_iteration: Callable[[int, dict[str, float]], None] | None,
                 on_rollback: Callable[[guard.Rollback], None] | None) -> LoopResult:
     run, rt, start = open_run(cfg, name)

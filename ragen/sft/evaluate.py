@@ -57,7 +57,7 @@ def format_metrics(df: pd.DataFrame, cfg: Config) -> dict[str, float]:
 
 
 def evaluate_format(cfg: Config, engine: Engine, renderer: Any) -> tuple[pd.DataFrame, dict[str, float]]:
-    from ragen.rollout.loop import sampling_for
+    from ragen.rollout.episodes import sampling_for
     from ragen.rollout.runner import collect
 
     ecfg = eval_config(cfg)

@@ -24,8 +24,8 @@ from ragen.models.device import device_of
 from ragen.models.precision import runs_bf16
 from ragen.train.batch import Sequences, sequences_from_rollouts
 from ragen.train.checkpoint import write_checkpoint
-from ragen.train.ds import collective_device, ensure_distributed, make_engine
-from ragen.train.models import load_actor, token_logprobs, unwrap
+from ragen.train.ds import collective_device, ensure_distributed, make_ds_engine
+from ragen.train.networks import load_actor, token_logprobs, unwrap
 from ragen.train.update import boundary_steps, micro_batches
 
 SFT_RECORD = "sft.json"
@@ -76,7 +76,7 @@ class SFTTrainer:
                            gradient_checkpointing=s.gradient_checkpointing)
         if s.lora_rank > 0:
             model = apply_lora(model, s)
-        self.engine = make_engine(model, lr=s.lr, betas=(0.9, 0.999), weight_decay=s.weight_decay,
+        self.engine = make_ds_engine(model, lr=s.lr, betas=(0.9, 0.999), weight_decay=s.weight_decay,
                                   grad_clip=s.grad_clip, ds_config=s.deepspeed_config)
         self.bf16 = runs_bf16(cfg, "sft")
         self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

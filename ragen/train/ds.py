@@ -116,7 +116,7 @@ def param_groups(model: nn.Module, lr: float, lr_of: Mapping[str, float] | None 
     return [{"params": rest, "lr": lr, "lr_scale": 1.0}, *groups]
 
 
-def make_engine(model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float, grad_clip: float,
+def make_ds_engine(model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float, grad_clip: float,
                 ds_config: str | Path, dtype: str | None = None, lr_of: Mapping[str, float] | None = None) -> Any:
     """A DeepSpeed engine with AdamW (constant lr; ``lr_of``: module prefixes at their own rate). Precision
     comes from the config file; ``dtype="fp32"`` forces full precision whatever the file says."""

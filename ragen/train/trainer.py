@@ -17,8 +17,8 @@ from ragen.rollout.engine import Engine
 from ragen.rollout.sync import DEFAULT_PROBE, GateReport, calibrate_gate, probe_batch, sync_weights
 from ragen.train.batch import sequences_from_rollouts
 from ragen.train.checkpoint import COMPLETE, write_checkpoint
-from ragen.train.ds import ensure_distributed, gathered_state, load_engine_state, make_engine, set_lr
-from ragen.train.models import load_actor, load_critic, load_reference
+from ragen.train.ds import ensure_distributed, gathered_state, load_engine_state, make_ds_engine, set_lr
+from ragen.train.networks import load_actor, load_critic, load_reference
 from ragen.train.update import UpdateResult, update
 
 VALUE_HEAD = "value_head.safetensors"
@@ -72,7 +72,7 @@ class Trainer:
         actor = load_actor(str(src / "actor") if src else base, trust_remote_code=trc,
                            gradient_checkpointing=cfg.actor.gradient_checkpointing)
         o = cfg.actor
-        self.actor = make_engine(actor, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
+        self.actor = make_ds_engine(actor, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
                                  ds_config=o.deepspeed_config)
         self.critic = None
         if cfg.algorithm.adv_estimator == "gae":
@@ -81,7 +81,7 @@ class Trainer:
                                  value_head=(src / "critic" / VALUE_HEAD) if src else None,
                                  value_scale=cfg.critic.value_scale)
             c = cfg.critic
-            self.critic = make_engine(critic, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
+            self.critic = make_ds_engine(critic, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
                                       grad_clip=c.grad_clip, ds_config=c.deepspeed_config,
                                       lr_of=critic_lr_of(cfg))
         self.ref = load_reference(base, dtype=model_dtype(cfg), trust_remote_code=trc) if needs_reference(cfg) else None

@@ -30,7 +30,7 @@ from ragen.models.device import device_of
 from ragen.models.precision import runs_bf16
 from ragen.train.batch import MicroBatch, Sequences, bucket_micro_batches, collate, fixed_micro_batches, pad_ragged
 from ragen.train.ds import begin_micro_batch, collective_device, grad_norm_after_step, grad_norm_before_step
-from ragen.train.models import bf16_autocast, token_logprobs, unwrap
+from ragen.train.networks import bf16_autocast, token_logprobs, unwrap
 
 
 @dataclass

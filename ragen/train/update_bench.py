@@ -99,8 +99,8 @@ def update_flops(seqs: Sequences, arch: Architecture, cfg: Config) -> dict[str, 
 def run_update(cfg: Config, seqs: Sequences, path: str, pad_id: int, *, engine: str = "deepspeed",
                padded: bool = False, compute_dtype: str | None = None, seed: int = 0) -> dict[str, float]:
     """One update of fresh actor and critic on ``seqs``; its metrics (losses, per-pass timings) and wall time."""
-    from ragen.train.ds import make_engine
-    from ragen.train.models import load_actor, load_critic
+    from ragen.train.ds import make_ds_engine
+    from ragen.train.networks import load_actor, load_critic
     from ragen.train.plain import PlainEngine
     from ragen.train.trainer import critic_lr_of
     from ragen.train.update import update
@@ -117,7 +117,7 @@ def run_update(cfg: Config, seqs: Sequences, path: str, pad_id: int, *, engine: 
         o = getattr(cfg, name)
         kw = dict(lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
                   lr_of=critic_lr_of(cfg) if name == "critic" else None)
-        engines[name] = make_engine(module, ds_config=o.deepspeed_config, **kw) if engine == "deepspeed" else \
+        engines[name] = make_ds_engine(module, ds_config=o.deepspeed_config, **kw) if engine == "deepspeed" else \
             PlainEngine(module, **kw)
     t0 = time.perf_counter()
     res = update(cfg, seqs, engines["actor"], critic=engines["critic"], pad_id=pad_id, pad_to_longest=padded)
@@ -130,7 +130,7 @@ def bench_train(*, model: str = "smollm2-135m-instruct", batches: Sequence[str] 
     runs of the main batch (their ratios and the loss check)."""
     from ragen.models import ensure_model, load_tokenizer
     from ragen.models.precision import hardware, native_bf16, runs_bf16
-    from ragen.train.models import load_actor
+    from ragen.train.networks import load_actor
 
     say = progress or (lambda _msg: None)
     path = ensure_model(model)

@@ -48,7 +48,7 @@ class _Timer:
         return now
 
 
-def collect_rollouts(engine: Engine, instances: pd.DataFrame, agent: AgentConfig, renderer: ChatRenderer,
+def play_episodes(engine: Engine, instances: pd.DataFrame, agent: AgentConfig, renderer: ChatRenderer,
                      sampling: Sampling, *, max_model_len: int, run_seed: int, iteration: int = 0,
                      mode: str = "train", tag_specs: Mapping[str, TagSpec] | None = None,
                      progress: Callable[[int, int, int], None] | None = None) -> RolloutResult:
