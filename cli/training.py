@@ -136,6 +136,13 @@ def up_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>
     if params is None and Path("params.yaml").is_file():
         params = Path("params.yaml")  # the flow's default too
     cfg = resolve_config(params, preset, with_iterations(overrides, iterations))  # fails here, before any server starts
+    from ragen.run.progress import RunWatcher
+    from ragen.run.rundir import RunDir
+
+    try:
+        watcher = RunWatcher(RunDir.at(cfg.trainer.run_dir, run), cfg.trainer.total_training_steps)
+    except ValueError as e:
+        fail(f"--run: {e}")
     flow_params = {"run_name": run, "params": str(params) if params else None, "preset": preset or [],
                    "overrides": overrides or [], "iterations": iterations}
     import signal
@@ -151,7 +158,12 @@ def up_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>
                    f"runs/prefect/; training run {run!r} ({cfg.trainer.total_training_steps} iterations)")
         if trigger:
             typer.echo(f"triggering: prefect deployment run {DEPLOYMENT} --params '{json.dumps(flow_params)}' --watch")
-            r = local.run(flow_params)
+            def progress() -> None:
+                for line in watcher.new_lines():
+                    typer.echo(f"  {line}, {time.monotonic() - t0:.0f} s in all")
+
+            r = local.run(flow_params, on_wait=progress)
+            progress()
             typer.echo(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr.strip())
             typer.echo(f"wall time {time.monotonic() - t0:.0f} s; MLflow: `make mlflow-ui`, then "
                        f"http://127.0.0.1:5000")

@@ -27,6 +27,7 @@ from ragen.eval.panels import VAL_SEED, make_panel, read_panel, write_panel
 from ragen.eval.stats import rate_difference, wilson
 from ragen.io import write_json
 from ragen.run.iteration import EVAL_INIT, panel_eval_dir
+from ragen.run.progress import iteration_line
 from ragen.run.rundir import RunDir
 from ragen.tables import write_csv
 
@@ -272,18 +273,7 @@ def config_summary(cfg: Config, spec: LearnSpec, panel: Path) -> dict[str, Any]:
 
 def _progress(k: int, m: dict[str, float], last: int, t0: float) -> None:
     """One line per iteration on stderr: a 20-minute run shows where it is (stdout stays one JSON line)."""
-    def tag_mean(split: str) -> list[float]:  # {split}/<tag>/success per tag, not the panel's all/* mean
-        return [v for key, v in m.items() if key.startswith(f"{split}/") and key.endswith("/success")
-                and key.count("/") == 2 and key != f"{split}/all/success"]
-
-    train, val = tag_mean("train"), tag_mean("val")
-    text = (f"iteration {k + 1}/{last + 1}: train success {sum(train) / len(train):.3f}" if train
-            else f"iteration {k + 1}/{last + 1}:")
-    if val:
-        text += f", panel success {sum(val) / len(val):.3f}"
-    text += (f", {m.get('timing_s/iteration', 0.0):.0f} s (update {m.get('timing_s/step', 0.0):.0f} s), "
-             f"{time.monotonic() - t0:.0f} s in all")
-    print(text, file=sys.stderr, flush=True)
+    print(f"{iteration_line(k, m, last)}, {time.monotonic() - t0:.0f} s in all", file=sys.stderr, flush=True)
 
 
 def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, float], None] | None = _progress
