@@ -58,6 +58,11 @@ class TextEnv(gym.Env[str, np.int64]):
     def render_text(self) -> str:
         raise NotImplementedError
 
+    def optimal_length(self) -> int | None:
+        """The optimal action count from the current initial state where one is defined (None: not defined, e.g.
+        a one-step env). Written into the instances table; instances.py calls it right after reset."""
+        return None
+
     def render(self) -> str | None:  # type: ignore[override]
         return self.render_text() if self.render_mode == "ansi" else None
 

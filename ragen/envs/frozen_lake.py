@@ -90,6 +90,10 @@ class FrozenLakeEnv(TextEnv):
             raise RuntimeError("call reset() first")
         return [row.tobytes().decode() for row in self._lake.desc]
 
+    def optimal_length(self) -> int | None:
+        """Length of the shortest slip-free path to the goal (None when the map has none)."""
+        return shortest_path_length(self.desc)
+
     @property
     def position(self) -> tuple[int, int]:
         if self._lake is None:

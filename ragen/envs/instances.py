@@ -10,10 +10,8 @@ from typing import Literal
 import pandas as pd
 
 from ragen.envs.base import TextEnv
-from ragen.envs.frozen_lake import FrozenLakeEnv, shortest_path_length
 from ragen.envs.registry import TagSpec, get_tag
 from ragen.envs.seeding import GroupRng, group_base_seed, member_stream
-from ragen.envs.sokoban import SokobanEnv, optimal_length
 from ragen.tables import read_table, write_table
 
 COLUMNS = ["iteration", "mode", "env_id", "tag", "group", "member", "seed", "stream", "initial_state",
@@ -52,16 +50,6 @@ def plan_instances(tags: Sequence[str], n_groups: Sequence[int], group_size: int
 
     return [Instance(g * group_size + m, tag, g, m, seed(g), member_stream(m, group_rng))
             for g, tag in enumerate(per_group) for m in range(group_size)]
-
-
-def optimal_length_of(env: TextEnv) -> int | None:
-    """Optimal action count of the current initial state where it is defined (Sokoban BFS; FrozenLake's
-    shortest slip-free path); None for single-step envs."""
-    if isinstance(env, SokobanEnv):
-        return optimal_length(env.current_room())
-    if isinstance(env, FrozenLakeEnv):
-        return shortest_path_length(env.desc)
-    return None
 
 
 def generate_instances(tags: Sequence[str], n_groups: Sequence[int], group_size: int, *, seed: int,
@@ -103,7 +91,7 @@ def build_instances(plan: Sequence[Instance], *, iteration: int, mode: str,
             if env is None:
                 env = envs[inst.tag] = get_tag(inst.tag, tag_specs).make()
             state, _ = env.reset(seed=inst.seed)
-            cached[inst.group] = (state, optimal_length_of(env))
+            cached[inst.group] = (state, env.optimal_length())
         state, opt = cached[inst.group]
         rows.append((iteration, mode, inst.env_id, inst.tag, inst.group, inst.member, inst.seed, inst.stream,
                      state, opt))

@@ -16,11 +16,14 @@ from ragen.envs.sokoban.room import ACTION_LOOKUP as SOKOBAN_ACTIONS
 from ragen.envs.sokoban.room import DEFAULT_GRID_VOCAB as SOKOBAN_VOCAB
 from ragen.envs.sokoban.room import grid_vocab_for
 
-ENV_IDS = {
-    "sokoban": "ragen/Sokoban-v0",
-    "frozen_lake": "ragen/FrozenLake-v0",
-    "bandit": "ragen/Bandit-v0",
+# The one table of env types: gymnasium id and entry point (a new env type is one line here, its TagSpecs below,
+# and a demonstration solver in ragen/sft/demos.py's SOLVERS)
+ENV_TYPES: dict[str, tuple[str, str]] = {
+    "sokoban": ("ragen/Sokoban-v0", "ragen.envs.sokoban.env:SokobanEnv"),
+    "frozen_lake": ("ragen/FrozenLake-v0", "ragen.envs.frozen_lake:FrozenLakeEnv"),
+    "bandit": ("ragen/Bandit-v0", "ragen.envs.bandit:BanditEnv"),
 }
+ENV_IDS = {env_type: env_id for env_type, (env_id, _) in ENV_TYPES.items()}
 
 SOKOBAN_INSTRUCTION = (
     "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets. "
@@ -156,11 +159,6 @@ def get_tag(tag: str, tags: Mapping[str, TagSpec] | None = None) -> TagSpec:
 
 def register_envs() -> None:
     """Register the env types with gymnasium (idempotent)."""
-    entries = {
-        ENV_IDS["sokoban"]: "ragen.envs.sokoban.env:SokobanEnv",
-        ENV_IDS["frozen_lake"]: "ragen.envs.frozen_lake:FrozenLakeEnv",
-        ENV_IDS["bandit"]: "ragen.envs.bandit:BanditEnv",
-    }
-    for env_id, entry_point in entries.items():
+    for env_id, entry_point in ENV_TYPES.values():
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=entry_point, disable_env_checker=True)

@@ -56,7 +56,7 @@ class SokobanSolver:
     name = "bfs"
     expects_success = True
 
-    def __init__(self, env: SokobanEnv, agent: AgentConfig, budget: int) -> None:
+    def __init__(self, env: SokobanEnv, agent: AgentConfig, budget: int, seed: int = 0) -> None:
         plan = solve(env.current_room())
         if plan is None:
             raise NoDemo("no solution found")
@@ -80,7 +80,7 @@ class FrozenLakeSolver:
     name = "value-iteration"
     expects_success = True
 
-    def __init__(self, env: FrozenLakeEnv, agent: AgentConfig, budget: int) -> None:
+    def __init__(self, env: FrozenLakeEnv, agent: AgentConfig, budget: int, seed: int = 0) -> None:
         self.env = env
         self.planner = FrozenLakePlanner(env.desc, agent.max_actions_per_turn, env.is_slippery)
         self.goal = "".join(env.desc).index("G")
@@ -110,16 +110,17 @@ class BanditSolver:
         return [arm], f"I do not know yet how {first} and {second} pay out, so I try {lookup[arm]}."
 
 
+# the demonstration solver of each env type (ragen.envs.registry.ENV_TYPES); each takes (env, agent, budget, seed)
+SOLVERS: dict[str, type[SokobanSolver] | type[FrozenLakeSolver] | type[BanditSolver]] = {
+    "sokoban": SokobanSolver, "frozen_lake": FrozenLakeSolver, "bandit": BanditSolver}
+
+
 def solver_for(spec: TagSpec, env: object, agent: AgentConfig, seed: int) -> SokobanSolver | FrozenLakeSolver | \
         BanditSolver:
-    budget = spec.max_actions_per_traj
-    if spec.env_type == "sokoban":
-        return SokobanSolver(env, agent, budget)  # type: ignore[arg-type]
-    if spec.env_type == "frozen_lake":
-        return FrozenLakeSolver(env, agent, budget)  # type: ignore[arg-type]
-    if spec.env_type == "bandit":
-        return BanditSolver(env, agent, budget, seed)
-    raise ValueError(f"no demonstration solver for env type {spec.env_type!r} (tag {spec.tag})")
+    if spec.env_type not in SOLVERS:
+        raise ValueError(f"no demonstration solver for env type {spec.env_type!r} (tag {spec.tag}): add one to "
+                         f"ragen/sft/demos.py SOLVERS, or leave the tag out of sft.tags")
+    return SOLVERS[spec.env_type](env, agent, spec.max_actions_per_traj, seed)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -198,7 +199,7 @@ def make_demos(cfg: Config, renderer: ChatRenderer, *, splits: Sequence[str] = (
                 t = demo.trajectory
                 if len(t.input_ids) > cfg.rollout.max_model_len:
                     continue
-                if SOLVERS_EXPECT_SUCCESS[spec.env_type] and not t.success and not (
+                if SOLVERS[spec.env_type].expects_success and not t.success and not (
                         s.keep_failed and spec.env_type == "frozen_lake"):
                     continue
                 n = len(trajs)
@@ -213,10 +214,6 @@ def make_demos(cfg: Config, renderer: ChatRenderer, *, splits: Sequence[str] = (
     out = pd.concat(frames, ignore_index=True)
     out["group"] = np.arange(len(out))  # every demo its own group (the trainer's batches index by group)
     return out
-
-
-SOLVERS_EXPECT_SUCCESS = {"sokoban": SokobanSolver.expects_success, "frozen_lake": FrozenLakeSolver.expects_success,
-                          "bandit": BanditSolver.expects_success}
 
 
 def write_demos(df: pd.DataFrame, path: str | Path) -> Path:

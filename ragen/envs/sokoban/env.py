@@ -10,6 +10,7 @@ from gymnasium import spaces
 from ragen.envs.base import TextEnv, text_space
 from ragen.envs.sokoban.generator import generate_room
 from ragen.envs.sokoban.room import ACTION_LOOKUP, DEFAULT_GRID_LOOKUP, TARGET, WALL, Room
+from ragen.envs.sokoban.solver import optimal_length
 
 PENALTY_FOR_STEP = -0.1
 REWARD_BOX_ON_TARGET = 1.0
@@ -107,3 +108,7 @@ class SokobanEnv(TextEnv):
 
     def render_text(self) -> str:
         return self.current_room().render(self.grid_lookup)
+
+    def optimal_length(self) -> int | None:
+        """BFS-optimal number of moves that solves the current room."""
+        return optimal_length(self.current_room())
