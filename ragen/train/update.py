@@ -187,9 +187,9 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
         metrics["rollout/ref_log_prob"] = float(masked_mean(ref_logp, seen))
         metrics["rollout/kl_old_ref"] = float(masked_mean(kl_penalty(old_logp, ref_logp, a.kl_penalty), seen))
         metrics["rollout/kl_monitor_trajectories"] = float(scored.sum())
-    use_critic = a.adv_estimator == "gae"
+    use_critic = a.uses_critic
     if use_critic and critic is None:
-        raise ValueError("algorithm.adv_estimator=gae needs a critic")
+        raise ValueError(f"algorithm.adv_estimator={a.adv_estimator} needs a critic")
     values = None
     if use_critic:
         with clock("critic_scoring"):
