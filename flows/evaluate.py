@@ -13,7 +13,7 @@ from ragen.config import Config
 from ragen.eval import evaluate as ev
 from ragen.run.evaluation import resolve_checkpoint, reuse_run_evaluation
 from tasks import evaluate as tasks
-from tasks import tracking
+from tasks import model_registry
 
 
 def model_to_score(cfg: Config, checkpoint: str | None, mlflow_model: str | None) -> tuple[str, dict[str, Any]]:
@@ -21,7 +21,7 @@ def model_to_score(cfg: Config, checkpoint: str | None, mlflow_model: str | None
     if (checkpoint is None) == (mlflow_model is None):
         raise ValueError("give exactly one of --checkpoint PATH and --mlflow-model NAME@ALIAS")
     if mlflow_model is not None:
-        return str(tracking.download_model(cfg, mlflow_model)), {"mlflow_model": mlflow_model}
+        return str(model_registry.download_model(cfg, mlflow_model)), {"mlflow_model": mlflow_model}
     model, info = resolve_checkpoint(checkpoint)  # type: ignore[arg-type]
     return str(model), info
 

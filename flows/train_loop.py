@@ -18,7 +18,7 @@ from ragen.run.guard import GuardState, Rollback
 from ragen.run.iteration import Runtime
 from ragen.run.rundir import RunDir
 from ragen.sft import pipeline as sft_pipeline
-from tasks import stages, tracking, versioning
+from tasks import model_registry, stages, tracking, versioning
 
 # Runtimes of the flow runs in this process, by run directory: a subflow gets the key, never the object, since
 # Prefect encodes (deep-copies) flow parameters to record them, and the engines and trainer must not be copied.
@@ -108,7 +108,7 @@ def _train(run: RunDir, cfg: Config, run_name: str, params: str | None, preset: 
                           cfg.trainer.total_training_steps - 1)
     if run_id is not None:
         tracking.reported(run, "MLflow summary", tracking.log_summary, cfg, run, run_id)
-        tracking.reported(run, "MLflow model registration", tracking.register_model, cfg, run, run_id)
+        tracking.reported(run, "MLflow model registration", model_registry.register_model, cfg, run, run_id)
         tracking.reported(run, "MLflow end", tracking.end_tracking, cfg, run_id, "FINISHED")
     return {"run_dir": str(res.run.root), "mlflow_run_id": run_id, "resumed_at": res.resumed_at,
             "iterations": res.iterations, "eval_init": res.eval_init,

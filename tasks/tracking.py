@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
-import math
 import re
 import shutil
 import subprocess
@@ -20,7 +18,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import get_run_logger, task
 
 from ragen.config import Config, config_to_dict, flatten
@@ -29,10 +26,10 @@ from ragen.models.precision import precision_tags
 from ragen.run.iteration import EVAL_INIT
 from ragen.run.rundir import MARKER, RunDir
 from tasks.options import NO_RESULT
+from tasks.versioning import dvc_md5, dvc_revision
 
 RUN_ID = "mlflow-run-id"  # the run id, then the tracking URI it lives at
 LOGGED = "mlflow-logged.json"  # iterations whose metrics reached MLflow
-CHAMPION = "champion"
 FAILURES = "tracking-failures.jsonl"
 _BAD_NAME = re.compile(r"[^\w\-. :/]")
 
@@ -191,24 +188,6 @@ def log_metrics(client: Any, run_id: str, step: int, metrics: dict[str, float], 
         client.log_batch(run_id, metrics=ms[i:i + 1000])
 
 
-def dvc_revision(run: RunDir) -> str:
-    """One id for everything the run has DVC-versioned so far: a hash over its pointers' content hashes (the
-    per-iteration ``dvc/...`` tags say which object each iteration is)."""
-    h = hashlib.sha256()
-    for p in sorted(run.root.rglob("*.dvc")):
-        h.update(f"{p.relative_to(run.root)}={dvc_md5(run, p.with_suffix(''))}\n".encode())
-    return h.hexdigest()[:16]
-
-
-def dvc_md5(run: RunDir, path: Path) -> str | None:
-    """The content hash DVC recorded for a versioned path (what ``dvc checkout`` restores), or None."""
-    p = run.pointer(path)
-    if not p.is_file():
-        return None
-    outs = (yaml.safe_load(p.read_text()) or {}).get("outs") or [{}]
-    return outs[0].get("md5")
-
-
 def logged(run: RunDir) -> set[int]:
     p = run.root / LOGGED
     return set(json.loads(p.read_text())) if p.is_file() else set()
@@ -288,50 +267,6 @@ def log_summary(cfg: Config, run: RunDir, run_id: str) -> None:
         client.log_artifact(run_id, str(Path(d) / "params.yaml"))
 
 
-def model_name(cfg: Config) -> str:
-    return cfg.tracking.registered_model or f"{cfg.tracking.experiment}-actor"
-
-
-@task(name="register_model", retries=3, retry_delay_seconds=2, timeout_seconds=1800, **NO_RESULT)
-def register_model(cfg: Config, run: RunDir, run_id: str) -> dict[str, Any] | None:
-    """Register the final actor (safetensors + tokenizer, loadable as ``model.base``) as a model version; move
-    the ``champion`` alias to it only if its final val score beats the current champion's."""
-    done = run.completed()
-    if not done or not (run.state(done[-1]) / "actor").is_dir():
-        return None
-    k = done[-1]
-    ev = run.iteration(k) / "eval.json"
-    score = json.loads(ev.read_text()).get("val/score") if ev.is_file() else None
-    client = mlflow_client(cfg)
-    name = model_name(cfg)
-    from mlflow.exceptions import MlflowException
-
-    try:
-        client.get_registered_model(name)
-    except MlflowException:
-        client.create_registered_model(name, description="final actors of ragen training runs")
-    where = f"model/iter_{k:05d}"  # per iteration: a continued run's next version must not overwrite this one
-    mine = [v for v in client.search_model_versions(f"name='{name}'")
-            if v.run_id == run_id and v.tags.get("iteration") == str(k)]  # a retry, or a restart of a finished run
-    if not mine:
-        client.log_artifacts(run_id, str(run.state(k) / "actor"), where)
-    tags = {"iteration": str(k), "run_dir": str(run.root)}
-    if score is not None:
-        tags["val_score"] = repr(float(score))
-    mv = mine[0] if mine else client.create_model_version(
-        name, f"{client.get_run(run_id).info.artifact_uri}/{where}", run_id=run_id, tags=tags)
-    try:
-        current = client.get_model_version_by_alias(name, CHAMPION)
-        best = float(current.tags.get("val_score", "-inf"))
-    except MlflowException:
-        current, best = None, -math.inf
-    promoted = score is not None and float(score) > best and (current is None or current.version != mv.version)
-    if promoted:
-        client.set_registered_model_alias(name, CHAMPION, mv.version)
-    return {"name": name, "version": int(mv.version), "val_score": score, "champion": promoted,
-            "previous_champion": int(current.version) if current is not None else None}
-
-
 @task(name="log_rollback", retries=3, retry_delay_seconds=2, **NO_RESULT)
 def log_rollback(cfg: Config, run_id: str, n: int, event: dict[str, Any]) -> None:
     """A collapse-guard rollback: metric ``guard/rollbacks`` (= n) at the iteration that tripped it, and a tag
@@ -356,38 +291,6 @@ def reported(run: RunDir, what: str, fn: Any, *args: Any) -> Any:
         with (run.root / FAILURES).open("a") as f:
             f.write(json.dumps({"what": what, "error": repr(e), "time": time.time()}) + "\n")
         return None
-
-
-def download_model(cfg: Config, spec: str, dest_root: str | Path = "models/mlflow") -> Path:
-    """A registered model version as a local model directory: ``NAME@ALIAS`` (e.g. ``ragen-actor@champion``) or
-    ``NAME/VERSION``; downloaded once to ``dest_root/NAME-vVERSION``."""
-    from mlflow.artifacts import download_artifacts
-    from mlflow.exceptions import MlflowException
-
-    name, sep, which = spec.partition("@") if "@" in spec else spec.partition("/")
-    if not name or not sep or not which:
-        raise ValueError(f"--mlflow-model {spec!r}: give NAME@ALIAS (e.g. {model_name(cfg)}@{CHAMPION}) or "
-                         f"NAME/VERSION")
-    client = mlflow_client(cfg)
-    try:
-        mv = client.get_model_version_by_alias(name, which) if sep == "@" else client.get_model_version(name, which)
-    except MlflowException as e:
-        raise ValueError(f"--mlflow-model {spec!r}: no such registered model version at "
-                         f"{cfg.tracking.mlflow_tracking_uri} ({e.message})") from None
-    dest = Path(dest_root) / f"{name}-v{mv.version}"
-    if not (dest / "config.json").is_file():
-        tmp = dest.with_name(dest.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        download_artifacts(artifact_uri=mv.source, dst_path=str(tmp), tracking_uri=cfg.tracking.mlflow_tracking_uri)
-        got = next((p.parent for p in tmp.rglob("config.json")), None)
-        if got is None:
-            raise ValueError(f"--mlflow-model {spec!r}: version {mv.version} at {mv.source} holds no model "
-                             f"(config.json)")
-        shutil.rmtree(dest, ignore_errors=True)
-        got.rename(dest)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
 
 
 def sweep_run(client: Any, cfg: Config) -> str | None:

@@ -8,12 +8,14 @@ each call also versions whatever an earlier, failed or killed call left unversio
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -215,3 +217,21 @@ def version_paths(paths: list[Path], remote: str | None = None) -> dict[str, Any
     added, staged, pushed = when_unlocked(Path(root), add_and_push)
     return {"added": added, "left_to_dvc_yaml": staged, "pushed_files": pushed,
             "time_s": time.monotonic() - t0}
+
+
+def dvc_revision(run: RunDir) -> str:
+    """One id for everything the run has DVC-versioned so far: a hash over its pointers' content hashes (the
+    per-iteration ``dvc/...`` tags say which object each iteration is)."""
+    h = hashlib.sha256()
+    for p in sorted(run.root.rglob("*.dvc")):
+        h.update(f"{p.relative_to(run.root)}={dvc_md5(run, p.with_suffix(''))}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def dvc_md5(run: RunDir, path: Path) -> str | None:
+    """The content hash DVC recorded for a versioned path (what ``dvc checkout`` restores), or None."""
+    p = run.pointer(path)
+    if not p.is_file():
+        return None
+    outs = (yaml.safe_load(p.read_text()) or {}).get("outs") or [{}]
+    return outs[0].get("md5")

@@ -103,7 +103,7 @@ def test_flow_versions_tracks_and_continues_a_run(prefect_api, dvc_repo, tmp_pat
 
 
 def versioning_md5(run, path):
-    from tasks.tracking import dvc_md5
+    from tasks.versioning import dvc_md5
 
     return dvc_md5(run, path)
 
