@@ -15,15 +15,8 @@ from ragen.eval.metrics import panel_metrics
 from ragen.eval.panels import make_panel, read_panel, write_panel
 from ragen.eval.stats import mean_interval, pass_at_k, rate_difference, wilson
 from ragen.experiments import EXPERIMENTS, Grid, grid_yaml, read_grid, resolve
-from ragen.report.ablations import (
-    GridResult,
-    claim_verdict,
-    finding_verdict,
-    pooled,
-    training_change,
-    training_effect,
-    write_report,
-)
+from ragen.report.ablations import training_effect, write_report
+from ragen.report.verdicts import GridResult, claim_verdict, finding_verdict, pooled, training_change
 
 pytestmark = pytest.mark.unit
 

@@ -1,73 +1,28 @@
 """The ablation report: for each paper finding, our numbers beside the paper's, with 95% CIs, the scale they
 came from and a verdict per claimed ordering (reproduced / not reproduced / inconclusive at this scale), plus
-bar charts, training curves and the Echo Trap warnings of every run. Input: one ``GridResult`` per grid run."""
+bar charts, training curves and the Echo Trap warnings of every run. The markdown is made here; the
+statistics are in verdicts.py, the figures in ablation_figures.py. Input: one ``GridResult`` per grid run."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 from ragen.algos.echo_trap import first_warning
-from ragen.eval.stats import rate_difference, wilson
+from ragen.eval.stats import wilson
+from ragen.report.ablation_figures import bar_chart, curves_figure
 from ragen.report.paper import FINDINGS, Finding
-
-
-@dataclass
-class GridResult:
-    experiment: str
-    seed: int
-    eval: Mapping[str, float]  # ragen.eval.metrics.panel_metrics of the final checkpoint
-    history: Sequence[Mapping[str, float]] = field(default_factory=list)  # metrics.json per iteration
-    init: Mapping[str, float] = field(default_factory=dict)  # the evaluation before training (val/<tag>/...)
-
-
-def before(results: Sequence[GridResult], experiment: str, tag: str) -> float | None:
-    """Mean success on ``tag`` before training over the experiment's seeds (None: no such evaluation)."""
-    xs = [r.init[f"val/{tag}/success"] for r in results if r.experiment == experiment
-          and f"val/{tag}/success" in r.init]
-    return sum(xs) / len(xs) if xs else None
-
-
-def pooled(results: Sequence[GridResult], experiment: str, tag: str) -> tuple[float, int] | None:
-    """Successes and episodes of ``tag`` over every seed of ``experiment`` (None: not run or not scored there)."""
-    hits, n = 0.0, 0
-    for r in results:
-        if r.experiment == experiment and f"{tag}/success" in r.eval:
-            k = int(r.eval[f"{tag}/episodes"])
-            hits += r.eval[f"{tag}/success"] * k
-            n += k
-    return (round(hits), n) if n else None
-
-
-def claim_verdict(better: tuple[float, int] | None, worse: tuple[float, int] | None
-                  ) -> tuple[str, float, float, float]:
-    """``reproduced`` when ours is significantly higher as claimed (the 95% interval of the difference is above
-    0), ``not reproduced`` when significantly lower, else ``inconclusive``; ``not run`` without both; plus the
-    difference and its interval."""
-    if better is None or worse is None:
-        return "not run", math.nan, math.nan, math.nan
-    d, lo, hi = rate_difference(better[0], better[1], worse[0], worse[1])
-    return ("inconclusive", "reproduced", "not reproduced")[_sign(lo, hi)], d, lo, hi
-
-
-def _sign(lo: float, hi: float) -> int:
-    """1 when a difference's interval is above 0, -1 when below, 0 when it straddles 0."""
-    return 1 if lo > 0 else -1 if hi < 0 else 0
-
-
-def finding_verdict(verdicts: Sequence[str]) -> str:
-    run = [v for v in verdicts if v != "not run"]
-    if not run:
-        return "not run"
-    if all(v == "reproduced" for v in run):
-        return "reproduced"
-    if all(v == "not reproduced" for v in run):
-        return "not reproduced"
-    if any(v == "reproduced" for v in run) and any(v == "not reproduced" for v in run):
-        return "mixed"
-    return "inconclusive at this scale"
+from ragen.report.verdicts import (
+    GridResult,
+    before,
+    before_after_counts,
+    change_verdict,
+    claim_verdict,
+    finding_verdict,
+    pool_counts,
+    pooled,
+)
 
 
 def _pct(x: float) -> str:
@@ -138,8 +93,8 @@ def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, 
             fv += f" ({tested} of {len(verdicts)} claims run)"
         summary.append((f, fv))
         lines += ["", f"**Verdict at {scale}: {fv}.**", ""]
-        png = _bar_chart(f, names, results, fig_dir / f"{f.key}.png")
-        curves = _curves(f, names, results, fig_dir / f"{f.key}-curves.png")
+        png = bar_chart(f, names, results, fig_dir / f"{f.key}.png")
+        curves = curves_figure(f, names, results, fig_dir / f"{f.key}-curves.png")
         lines += [f"![{f.key}]({fig_dir.name}/{png.name})", ""]
         if curves is not None:
             lines += [f"![{f.key} curves]({fig_dir.name}/{curves.name})", ""]
@@ -160,50 +115,21 @@ def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, 
     return out
 
 
-def _before_after(r: GridResult, tag: str) -> tuple[int, int, int, int] | None:
-    """Successes and episodes on ``tag`` after and before training (None without both evaluations)."""
-    k_after, k_before = r.eval.get(f"{tag}/episodes"), r.init.get(f"val/{tag}/episodes")
-    if not k_after or not k_before or f"{tag}/success" not in r.eval or f"val/{tag}/success" not in r.init:
-        return None
-    return (round(r.eval[f"{tag}/success"] * k_after), int(k_after),
-            round(r.init[f"val/{tag}/success"] * k_before), int(k_before))
-
-
-def _change(counts: tuple[int, int, int, int]) -> tuple[str, float, float, float]:
-    d, lo, hi = rate_difference(*counts)
-    return ("no change", "up", "down")[_sign(lo, hi)], d, lo, hi
-
-
-def training_change(r: GridResult, tag: str | Sequence[str]) -> tuple[str, float, float, float] | None:
-    """``up`` / ``down`` when the run's final success on ``tag`` differs from its own before-training score on
-    the same panel at 95% (Newcombe interval; it ignores that the seeds are paired, which makes it conservative
-    when outcomes correlate), else ``no change``; plus the difference and its interval. Several tags are pooled
-    (episodes summed over those with both evaluations). None without both evaluations."""
-    tags = [tag] if isinstance(tag, str) else list(tag)
-    parts = [c for c in (_before_after(r, t) for t in tags) if c is not None]
-    return _change(_pooled(parts)) if parts else None
-
-
-def _pooled(parts: Sequence[tuple[int, int, int, int]]) -> tuple[int, int, int, int]:
-    """Several tags' (successes after, episodes after, successes before, episodes before), summed."""
-    return tuple(sum(c[i] for c in parts) for i in range(4))  # type: ignore[return-value]
-
-
 def training_effect(results: Sequence[GridResult]) -> list[str]:
     """The report section on what training did to each run: its panel success before vs after, per tag and,
     for runs scored on several tags, pooled over them (4x the episodes, so smaller shifts show)."""
     rows, counts, pooled_counts = [], {"up": 0, "down": 0, "no change": 0}, {"up": 0, "down": 0, "no change": 0}
     for r in results:
         per_tag = {t: ba for t in sorted({k.split("/")[0] for k in r.eval if k.endswith("/success")})
-                   if (ba := _before_after(r, t)) is not None}
+                   if (ba := before_after_counts(r, t)) is not None}
         for tag, ba in per_tag.items():
-            c = _change(ba)
+            c = change_verdict(ba)
             counts[c[0]] += 1
             rows.append(f"| {r.experiment}-s{r.seed} | {tag} | {_pct(r.init[f'val/{tag}/success'])} | "
                         f"{_pct(r.eval[f'{tag}/success'])} | {_diff(*c[1:])} | {c[0]} |")
         if len(per_tag) > 1:
-            k_after, n_after, k_before, n_before = pooled = _pooled(list(per_tag.values()))
-            c = _change(pooled)
+            k_after, n_after, k_before, n_before = pooled = pool_counts(list(per_tag.values()))
+            c = change_verdict(pooled)
             pooled_counts[c[0]] += 1
             rows.append(f"| {r.experiment}-s{r.seed} | **all {len(per_tag)} tags** | {_pct(k_before / n_before)} | "
                         f"{_pct(k_after / n_after)} | {_diff(*c[1:])} | **{c[0]}** |")
@@ -229,78 +155,3 @@ def _diff(d: float, lo: float, hi: float) -> str:
 
 def _num(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:.3g}"
-
-
-def _bar_chart(f: Finding, names: list[str], results: Sequence[GridResult], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(f.tags), figsize=(max(4.0, 0.7 * len(names) + 1.5) * len(f.tags), 3.6),
-                             squeeze=False)
-    for ax, tag in zip(axes[0], f.tags, strict=True):
-        xs = range(len(names))
-        ours, err_lo, err_hi = [], [], []
-        for n in names:
-            p = pooled(results, n, tag)
-            if p is None:
-                ours.append(math.nan)
-                err_lo.append(0.0)
-                err_hi.append(0.0)
-                continue
-            rate = p[0] / p[1]
-            lo, hi = wilson(p[0], p[1])
-            ours.append(rate)
-            err_lo.append(rate - lo)
-            err_hi.append(hi - rate)
-        ax.bar(xs, ours, yerr=[err_lo, err_hi], capsize=3, color="#4c72b0", label="ours (95% CI)")
-        # the same panel before training: at small scale a run can end below where it started
-        start = [math.nan if (b := before(results, n, tag)) is None else b for n in names]
-        if any(math.isfinite(b) for b in start):
-            ax.scatter(xs, start, marker="_", s=420, linewidths=2.5, color="#c44e52", zorder=4, label="before training")
-        paper = [f.values.get((n, tag), math.nan) for n in names]
-        ax.scatter(xs, paper, marker="D", color="#dd8452", zorder=3, label="paper")
-        ax.set_xticks(list(xs), names, rotation=40, ha="right", fontsize=7)
-        ax.set_ylim(0, 1.05)
-        ax.set_title(tag, fontsize=9)
-        ax.set_ylabel("success rate")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f.title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _curves(f: Finding, names: list[str], results: Sequence[GridResult], path: Path) -> Path | None:
-    """Validation success over iterations (mean over the finding's tags) and in-group reward std, per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = [r for r in results if r.experiment in names and r.history]
-    if not runs:
-        return None
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for r in runs:
-        xs, ys = [], []
-        for k, h in enumerate([r.init, *r.history]):  # x = 0: before training; x = k + 1: after iteration k
-            vals = [h[f"val/{t}/success"] for t in f.tags if f"val/{t}/success" in h]
-            if vals:
-                xs.append(k)
-                ys.append(sum(vals) / len(vals))
-        a.plot(xs, ys, marker="o", label=f"{r.experiment}-s{r.seed}")
-        b.plot(range(1, len(r.history) + 1), [h.get("rollout/in_group_std", math.nan) for h in r.history])
-    a.set_xlabel("iteration (0 = before training)")
-    a.set_ylabel("val success (mean over tags)")
-    a.set_ylim(-0.02, 1.02)
-    b.set_xlabel("iteration")
-    b.set_ylabel("in-group reward std")
-    a.legend(fontsize=6)
-    fig.suptitle(f.title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

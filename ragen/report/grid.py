@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen.io import write_json
-from ragen.report.ablations import GridResult
+from ragen.report.verdicts import GridResult
 from ragen.run.iteration import EVAL_INIT
 from ragen.run.rundir import RunDir
 from ragen.tables import write_csv
