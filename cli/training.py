@@ -49,7 +49,7 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
         run = r.run_name if run == "default" else run
     cfg = resolve_config(params, preset, with_iterations(overrides, iterations))
     if run == "auto":  # dvc repro after a params.yaml edit: a new run, not a refused restart of the old one
-        from ragen.run.rundir import config_name
+        from ragen.run.identity import config_name
 
         run = config_name(cfg)
     try:
@@ -76,7 +76,7 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
     except errors as e:
         fail(str(e))
     except Exception as e:  # a full disk, a quota, a read-only run directory: say so, the completed data is intact
-        from ragen.run.rundir import storage_failure
+        from ragen.run.storage import storage_failure
 
         msg = storage_failure(RunDir.at(cfg.trainer.run_dir, run), e)
         if msg is None:

@@ -14,7 +14,7 @@ from flows.train_loop import train_loop
 from ragen.config import Config, load_config
 from ragen.experiments import Grid, Resolved, read_grid
 from ragen.report.grid import grid_dir
-from ragen.run.rundir import config_name
+from ragen.run.identity import config_name
 from tasks import grid as tasks
 
 REPORTS = "reports/grid"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen.run import iteration as it
-from ragen.run.rundir import is_checkpoint_iteration
+from ragen.run.retention import is_checkpoint_iteration
 
 STAGES = ("generate_instances", "collect_rollouts", "filter_batch", "update_policy", "evaluate", "finish_iteration")
 

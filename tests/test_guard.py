@@ -8,7 +8,8 @@ from test_loop import TINY
 
 from ragen.config import ConfigError, load_config
 from ragen.run import guard
-from ragen.run.rundir import MARKER, RunDir, config_name
+from ragen.run.identity import config_name
+from ragen.run.rundir import MARKER, RunDir
 from ragen.train.checkpoint import COMPLETE as STATE_MARKER
 
 

@@ -5,16 +5,9 @@ import os
 import pytest
 
 from ragen.config import load_config
-from ragen.run.rundir import (
-    STATE_MARKER,
-    ResumeError,
-    RunBusyError,
-    RunDir,
-    prune_states,
-    retained_states,
-    states_to_version,
-    storage_failure,
-)
+from ragen.run.retention import prune_states, retained_states, states_to_version
+from ragen.run.rundir import STATE_MARKER, ResumeError, RunBusyError, RunDir
+from ragen.run.storage import storage_failure
 
 pytestmark = pytest.mark.unit
 
@@ -117,7 +110,7 @@ def test_checkpoints_to_version_are_every_nth_the_last_and_each_new_best():
 
 
 def test_config_name_changes_with_the_data_settings_only():
-    from ragen.run.rundir import config_name
+    from ragen.run.identity import config_name
 
     a = config_name(load_config(None, ["cpu-small"]))
     assert a.startswith("p-") and a == config_name(load_config(None, ["cpu-small"]))

@@ -357,7 +357,8 @@ def test_sft_settings_are_not_part_of_a_run_that_does_not_warm_start(tmp_path):
     import yaml
 
     from ragen.config import config_to_dict
-    from ragen.run.rundir import ResumeError, RunDir, config_name
+    from ragen.run.identity import config_name
+    from ragen.run.rundir import ResumeError, RunDir
 
     cfg = sft_cfg()  # cpu-small: warm_start auto, no thinking
     old = config_to_dict(cfg)

@@ -16,7 +16,8 @@ from typing import Any
 
 from ragen.config import Config
 from ragen.io import write_json
-from ragen.run.rundir import ResumeError, RunDir, prune_states
+from ragen.run.retention import prune_states
+from ragen.run.rundir import ResumeError, RunDir
 
 EVAL_INIT = "eval_init.json"
 

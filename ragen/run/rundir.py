@@ -8,18 +8,14 @@ data, and a completion marker written last. Resuming continues after the last it
     runs/<run>/iter_00007.dvc, checkpoints/iter_00009.dvc   DVC pointers of what was versioned
 
 Data folders and checkpoints are separate so that DVC versions every iteration's data but only some checkpoints
-(each holds the actor, critic and optimizer state). Only the newest checkpoint is needed to resume; older ones
-are pruned by ``prune_states`` under the retention rule of ``retained_states``: keep the latest, the best by
-eval score, every ``checkpoint_every``-th, and every checkpoint DVC versioned (``states_to_version``: the
-checkpoint_every-th, the final one and each new best)."""
+(each holds the actor, critic and optimizer state); which are kept is retention.py. What makes two starts the same
+run is identity.py; what a failed write to the run directory tells the user is storage.py."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,28 +26,13 @@ import yaml
 
 from ragen.config import Config, config_to_dict, flatten, in_schema
 from ragen.io import write_text_atomic
+from ragen.run.identity import RESUME_FREE, identity
 
 MARKER = "COMPLETE"
 CHECKPOINTS = "checkpoints"
 STATE_MARKER = "checkpoint-complete"  # written last by Trainer.save
 DVC_SUFFIX = ".dvc"
 _ITER = re.compile(r"^iter_(\d{5})$")
-# keys that may differ between the first start of a run and its resume without changing its data
-# (prefixes: where runs are logged and versioned is not part of what they compute)
-# Settings added to the schema after runs were made with the behaviour their default keeps: at that default they
-# are not part of a run's identity, so those runs keep their names (and restarts are not refused) across the addition.
-# (the sync gate's calibration only decides whether a run stops, never what a run that goes on computes;
-# model.emulated_bf16=fp32 changes nothing on the bf16-native CPU the committed grid ran on)
-LATER_KEYS = {"actor.compute_dtype": "fp32", "critic.compute_dtype": "fp32", "rollout.sync_floor_factor": 2.0,
-              "model.emulated_bf16": "fp32", "algorithm.zero_variance_groups": "keep", "algorithm.kl_monitor": False,
-              "algorithm.kl_monitor_size": 0,
-              "critic.value_head_lr": None, "critic.value_scale": 1.0, "envs.train_seeds": None}
-# Settings the schema has dropped, at the value every run made while they existed computed with (the adaptive KL
-# controller was never wired): a run's name still hashes them, so runs made before keep their names.
-DROPPED_KEYS = {"algorithm.kl_ctrl": "fixed", "algorithm.kl_target": 0.1, "algorithm.kl_horizon": 10000}
-RESUME_FREE = ("trainer.total_training_steps", "rollout.progress", "tracking.", "diagnostics.")
-
-
 class ResumeError(RuntimeError):
     pass
 
@@ -117,7 +98,6 @@ class RunDir:
         process, released by the OS if the process dies): a second process starting the same run is refused
         instead of both writing the same iterations."""
         import fcntl
-        import os
 
         self.root.mkdir(parents=True, exist_ok=True)
         key = self.root.resolve()
@@ -213,84 +193,3 @@ class RunDir:
                                   f"name or the original settings")
         self.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, yaml.safe_dump(new, sort_keys=False))
-
-
-def identity(flat: dict[str, Any]) -> dict[str, Any]:
-    """The settings that make a run's data, from a flattened config: the warm-start and SFT settings count only
-    when the run starts from a warm-start (``model.warm_start`` off, or auto without thinking, leaves them out),
-    the collapse guard's only when it is enabled, and ``LATER_KEYS`` only away from the value that computes what
-    runs made before they existed computed (their default then), so such a run keeps its identity."""
-    ws = flat.get("model.warm_start", "off")
-    if ws in ("off", False) or (ws == "auto" and not flat.get("agent.enable_think", True)):
-        flat = {k: v for k, v in flat.items() if not k.startswith("sft.") and k != "model.warm_start"}
-    if not flat.get("guard.enabled", False):  # an idle collapse guard changes nothing a run makes
-        flat = {k: v for k, v in flat.items() if not k.startswith("guard.")}
-    return {k: v for k, v in flat.items() if not (k in LATER_KEYS and v == LATER_KEYS[k])}
-
-
-# errors of a run directory's storage rather than of the program: the run stops with what to fix
-STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
-
-
-# how libraries that do their own I/O (safetensors' Rust writer, pyarrow) word the same errors
-STORAGE_WORDS = tuple(os.strerror(n) for n in sorted(STORAGE_ERRNOS - {errno.EACCES, errno.EPERM}))
-
-
-def storage_failure(run: RunDir, e: BaseException) -> str | None:
-    """The message for a training run stopped by its storage (disk full, quota, read-only, I/O error), or None
-    for any other error: what failed, and that the completed iterations are intact and a rerun resumes."""
-    if isinstance(e, OSError):
-        if e.errno not in STORAGE_ERRNOS:
-            return None
-    elif not any(w in str(e) for w in STORAGE_WORDS):  # e.g. SafetensorError "... No space left on device"
-        return None
-    else:
-        e = OSError(next(n for n in STORAGE_ERRNOS if os.strerror(n) in str(e)), f"{type(e).__name__}: {e}")
-    done = run.completed()
-    kept = (f"iterations 0..{done[-1]} are complete and intact" if done else "no iteration had completed")
-    where = f" ({e.filename})" if e.filename else ""
-    return (f"run {run.root}: a write failed{where}: {e.strerror or e}; {kept}. Free space or fix the "
-            f"permissions of {run.root}, then run the same command again: it resumes at iteration "
-            f"{len(done)}")
-
-
-def config_name(cfg: Config) -> str:
-    """A run name from the settings that make a run's data (those a restart may not change): ``p-<hash>``."""
-    import hashlib
-
-    flat = {k: v for k, v in identity(flatten(config_to_dict(cfg))).items() if not k.startswith(RESUME_FREE)}
-    flat = {**DROPPED_KEYS, **flat}
-    return "p-" + hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:10]
-
-
-def is_checkpoint_iteration(k: int, checkpoint_every: int, last: int) -> bool:
-    """Every checkpoint_every-th iteration (counting from 1) and the last one."""
-    return (k + 1) % checkpoint_every == 0 or k == last
-
-
-def states_to_version(k: int, checkpoint_every: int, last: int, best: int | None) -> bool:
-    """Whether iteration k's checkpoint goes to DVC when k completes: a checkpoint iteration, or the new best."""
-    return is_checkpoint_iteration(k, checkpoint_every, last) or k == best
-
-
-def retained_states(done: list[int], checkpoint_every: int, best: int | None) -> set[int]:
-    """The retention rule: keep the latest, the best, and every checkpoint_every-th (counting iterations from 1)."""
-    if not done:
-        return set()
-    keep = {k for k in done if is_checkpoint_iteration(k, checkpoint_every, last=done[-1])}
-    if best is not None:
-        keep.add(best)
-    return keep
-
-
-def prune_states(run: RunDir, checkpoint_every: int, best: int | None) -> list[int]:
-    """Delete the states the retention rule drops (never a versioned one: its pointer would dangle and
-    ``dvc status`` would report it deleted); returns the pruned iterations."""
-    done = run.completed()
-    keep = retained_states(done, checkpoint_every, best)
-    pruned = []
-    for k in done:
-        if k not in keep and run.state(k).is_dir() and not run.is_versioned(run.state(k)):
-            shutil.rmtree(run.state(k))
-            pruned.append(k)
-    return pruned
