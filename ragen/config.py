@@ -140,6 +140,12 @@ class RolloutConfig(_Section):
         "chunking)")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs the vLLM engine shards the model over")
     kv_cache_gib: float = Field(2.0, gt=0.0, description="vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE)")
+    kv_cache_memory_gib: float | None = Field(None, gt=0.0, description="GPU: the KV cache's size in GiB (vLLM's "
+                                              "kv_cache_memory_bytes), instead of what gpu_memory_utilization leaves "
+                                              "after the weights; null: gpu_memory_utilization decides")
+    sleep_during_update: bool = Field(True, description="GPU: vLLM sleeps while DeepSpeed updates (weights "
+                                      "offloaded to CPU, KV cache freed), then wakes its weights, takes the new "
+                                      "ones and wakes its KV cache before the sync gate; ignored on CPU")
     enable_prefix_caching: bool = Field(True, description="reuse KV blocks of shared prompt prefixes")
     sync_mean_tol: float = Field(0.15, gt=0.0, description="sync gate: largest allowed mean |engine - trainer| "
                                  "logprob gap on the probe batch (bf16 engine vs fp32 trainer: ~0.06)")

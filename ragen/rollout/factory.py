@@ -31,7 +31,8 @@ def make_engine(cfg: Config, tokenizer: Any, *, model_path: str | None = None, e
                           max_num_batched_tokens=r.max_num_batched_tokens, kv_cache_gib=r.kv_cache_gib,
                           enforce_eager=r.enforce_eager, gpu_memory_utilization=r.gpu_memory_utilization,
                           tensor_parallel_size=r.tensor_parallel_size, enable_prefix_caching=r.enable_prefix_caching,
-                          trust_remote_code=cfg.model.trust_remote_code)
+                          trust_remote_code=cfg.model.trust_remote_code,
+                          kv_cache_memory_gib=r.kv_cache_memory_gib, sleep_during_update=r.sleep_during_update)
     if kind == "hf":
         from ragen.rollout.hf_engine import HFEngine
 

