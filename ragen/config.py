@@ -156,10 +156,6 @@ class RolloutConfig(_Section):
     progress: bool = Field(True, description="progress bar on interactive terminals (never in CI or logs)")
 
 
-# the advantage estimators that need a critic: the one place that says so
-CRITIC_ESTIMATORS = frozenset({"gae"})
-
-
 class AlgorithmConfig(_Section):
     adv_estimator: Literal["gae", "grpo"] = Field("gae", description="gae: PPO with critic; grpo: group baseline")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="token-level discount of GAE (1 = none, the original's)")
@@ -191,11 +187,6 @@ class AlgorithmConfig(_Section):
                             "and no step (the critic still learns from it); keep: the original (whitening turns "
                             "its critic-noise advantages into unit-size ones)")
 
-
-    @property
-    def uses_critic(self) -> bool:
-        """Whether the estimator needs a critic (values to score, a critic to train and to checkpoint)."""
-        return self.adv_estimator in CRITIC_ESTIMATORS
 
 class OptimConfig(_Section):
     lr: float = Field(gt=0.0, description="AdamW learning rate (constant)")

@@ -233,3 +233,24 @@ def test_filter_count_property(n_groups, size, ratio):
     res = filter_groups(scores, groups, ratio, "std")
     expect = n_groups if ratio >= 1 else max(1, int(ratio * n_groups))
     assert len(res.kept_groups) == expect and int(res.keep.sum()) == expect * size
+
+
+def test_the_estimator_table_is_the_schema_and_the_dispatch():
+    """ESTIMATORS, the config's Literal and compute_advantages agree: one table says which estimators exist and
+    which need a critic."""
+    import typing
+
+    from ragen.algos.advantages import ESTIMATORS, compute_advantages, needs_critic
+    from ragen.config import AlgorithmConfig
+
+    assert set(typing.get_args(AlgorithmConfig.model_fields["adv_estimator"].annotation)) == set(ESTIMATORS)
+    assert needs_critic("gae") and not needs_critic("grpo")
+    with pytest.raises(ValueError, match="one of"):
+        needs_critic("vtrace")
+    # GRPO through the dispatch equals grpo(); GAE without values is refused
+    scores, groups, mask = T([1.0, 0.0]), T([0, 0]), T([[1, 1], [1, 1]])
+    adv, ret = compute_advantages("grpo", rewards=torch.zeros(2, 2), values=None, scores=scores, groups=groups,
+                                  mask=mask, grpo_norm="mean")
+    assert ret is None and adv.tolist() == [[0.5, 0.5], [-0.5, -0.5]]
+    with pytest.raises(ValueError, match="needs the critic"):
+        compute_advantages("gae", rewards=torch.zeros(2, 2), values=None, scores=scores, groups=groups, mask=mask)

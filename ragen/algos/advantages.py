@@ -130,3 +130,33 @@ def grpo(scores: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor, norm: s
         a = a / ((n + NORM_EPS) / n.mean())
     m = mask.to(torch.float32)
     return a.to(torch.float32)[:, None] * m
+
+
+# every estimator, and whether it needs a critic's values: the one place that says so (the trainer builds, scores
+# and checkpoints a critic exactly when needs_critic says)
+ESTIMATORS = {"gae": True, "grpo": False}
+
+
+def needs_critic(estimator: str) -> bool:
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"algorithm.adv_estimator must be one of {sorted(ESTIMATORS)}, got {estimator!r}")
+    return ESTIMATORS[estimator]
+
+
+def compute_advantages(estimator: str, *, rewards: torch.Tensor, values: torch.Tensor | None, scores: torch.Tensor,
+                       groups: torch.Tensor, mask: torch.Tensor, valid: torch.Tensor | None = None,
+                       turn_ends: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
+                       bi_level: bool = False, high_level_gamma: float = 0.95, grpo_norm: str = "mean_std",
+                       length_weight: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one dispatch over estimators: (advantages, returns), each ``(batch, length)``; returns are None for
+    estimators without a critic. ``rewards`` are token rewards, ``scores`` one per trajectory (GRPO's input)."""
+    if needs_critic(estimator) and values is None:
+        raise ValueError(f"algorithm.adv_estimator={estimator} needs the critic's values")
+    if estimator == "grpo":
+        return grpo(scores, groups, mask, norm=grpo_norm, length_weight=length_weight), None
+    if bi_level:
+        if turn_ends is None:
+            raise ValueError("bi-level GAE needs the turn ends")
+        return bi_level_gae(rewards, values, mask, turn_ends, gamma=gamma, lam=lam,  # type: ignore[arg-type]
+                            high_level_gamma=high_level_gamma)
+    return gae(rewards, values, mask, valid, gamma=gamma, lam=lam)  # type: ignore[arg-type]

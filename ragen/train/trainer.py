@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from ragen.algos.advantages import needs_critic
 from ragen.algos.filtering import filter_groups
 from ragen.config import Config
 from ragen.models import ensure_model, load_tokenizer
@@ -67,7 +68,7 @@ class Trainer:
             raise FileNotFoundError(f"checkpoint {src} is incomplete or missing (no {COMPLETE} marker); resume from "
                                     f"an earlier checkpoint")
         if src is not None:
-            check_resume_state(src, critic=cfg.algorithm.uses_critic)
+            check_resume_state(src, critic=needs_critic(cfg.algorithm.adv_estimator))
         trc = cfg.model.trust_remote_code
         actor = load_actor(str(src / "actor") if src else base, trust_remote_code=trc,
                            gradient_checkpointing=cfg.actor.gradient_checkpointing)
@@ -75,7 +76,7 @@ class Trainer:
         self.actor = make_ds_engine(actor, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
                                  ds_config=o.deepspeed_config)
         self.critic = None
-        if cfg.algorithm.uses_critic:
+        if needs_critic(cfg.algorithm.adv_estimator):
             critic = load_critic(str(src / "critic") if src else base, trust_remote_code=trc,
                                  gradient_checkpointing=cfg.critic.gradient_checkpointing,
                                  value_head=(src / "critic" / VALUE_HEAD) if src else None,

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ragen.algos.advantages import NORM_EPS, bi_level_gae, gae, group_index, grpo, normalize_scores
+from ragen.algos.advantages import NORM_EPS, compute_advantages, group_index, needs_critic, normalize_scores
 from ragen.algos.filtering import group_stats
 from ragen.algos.losses import agg_loss, kl_penalty, policy_terms, value_terms
 from ragen.algos.masked import explained_variance, masked_mean
@@ -187,7 +187,7 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
         metrics["rollout/ref_log_prob"] = float(masked_mean(ref_logp, seen))
         metrics["rollout/kl_old_ref"] = float(masked_mean(kl_penalty(old_logp, ref_logp, a.kl_penalty), seen))
         metrics["rollout/kl_monitor_trajectories"] = float(scored.sum())
-    use_critic = a.uses_critic
+    use_critic = needs_critic(a.adv_estimator)
     if use_critic and critic is None:
         raise ValueError(f"algorithm.adv_estimator={a.adv_estimator} needs a critic")
     values = None
@@ -208,15 +208,11 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
     actor_mask = mask & signal[:, None]
     metrics["actor/signal_trajectories"] = float(signal.sum())
     metrics["actor/zero_variance_groups"] = float(len(set(seqs.groups[~signal.numpy()].tolist())))
-    if a.adv_estimator == "grpo":
-        adv = grpo(scores, torch.as_tensor(seqs.groups), actor_mask,
-                   norm="mean_std" if a.reward_norm_method != "mean" else "mean", length_weight=a.grpo_length_weight)
-        returns = None
-    elif a.bi_level_gae:
-        adv, returns = bi_level_gae(rewards, values, actor_mask, ends,  # type: ignore[arg-type]
-                                    gamma=a.gamma, lam=a.lam, high_level_gamma=a.high_level_gamma)
-    else:
-        adv, returns = gae(rewards, values, actor_mask, valid, gamma=a.gamma, lam=a.lam)  # type: ignore[arg-type]
+    adv, returns = compute_advantages(
+        a.adv_estimator, rewards=rewards, values=values, scores=scores, groups=torch.as_tensor(seqs.groups),
+        mask=actor_mask, valid=valid, turn_ends=ends if a.bi_level_gae else None, gamma=a.gamma, lam=a.lam,
+        bi_level=a.bi_level_gae, high_level_gamma=a.high_level_gamma,
+        grpo_norm="mean_std" if a.reward_norm_method != "mean" else "mean", length_weight=a.grpo_length_weight)
     has = bool(actor_mask.any())
     if not has:  # nothing to whiten over; no actor step follows
         adv = torch.zeros_like(adv)
