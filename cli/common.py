@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -82,3 +83,32 @@ def print_result(result: dict, as_json: bool) -> None:
 
     for k, v in rows(result):
         typer.echo(f"{k:40s} {v:>12.3f}" if isinstance(v, float) else f"{k:40s} {v!s:>12}")
+
+
+@contextlib.contextmanager
+def iteration_progress(run_dir: Path, total: int, every_s: float = 5.0) -> Iterator[None]:
+    """While the body trains ``run_dir`` (in this process or another), print a line per completed iteration on
+    stderr (success, format errors, seconds, time left), read from the run directory every few seconds."""
+    import threading
+
+    from ragen.run.progress import RunWatcher
+    from ragen.run.rundir import RunDir
+
+    watcher, stop, t0 = RunWatcher(RunDir(run_dir), total), threading.Event(), time.monotonic()
+
+    def report() -> None:
+        for line in watcher.new_lines():
+            typer.echo(f"  {line}, {time.monotonic() - t0:.0f} s in all", err=True)
+
+    def loop() -> None:
+        while not stop.wait(every_s):
+            report()
+
+    thread = threading.Thread(target=loop, name="iteration-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        report()

@@ -9,14 +9,7 @@ from typing import Annotated
 
 import typer
 
-from cli.common import (
-    ParamsOpt,
-    PresetOpt,
-    SetOpt,
-    fail,
-    resolve_config,
-    resolve_experiment,
-)
+from cli.common import ParamsOpt, PresetOpt, SetOpt, fail, iteration_progress, resolve_config, resolve_experiment
 
 
 def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>; an existing run continues; "
@@ -58,21 +51,23 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
         fail(f"--run: {e}")
     errors: tuple[type[Exception], ...] = (ResumeError, GuardGaveUp, FileNotFoundError)
     try:
-        if prefect:
-            from flows.train_loop import train_loop
-            from tasks.versioning import VersioningError
+        # a line per iteration on stderr: the flow's own log goes to Prefect, the plain loop prints nothing
+        with iteration_progress(Path(cfg.trainer.run_dir) / run, cfg.trainer.total_training_steps):
+            if prefect:
+                from flows.train_loop import train_loop
+                from tasks.versioning import VersioningError
 
-            errors = (ResumeError, GuardGaveUp, VersioningError, FileNotFoundError)
+                errors = (ResumeError, GuardGaveUp, VersioningError, FileNotFoundError)
 
-            out = train_loop(run_name=run, params=str(params) if params else None, preset=preset or [],
-                             overrides=overrides or [], iterations=iterations)
-            done, last, root = out["iterations"], out["last_metrics"], out["run_dir"]
-        else:
-            from ragen.run.loop import run_training
+                out = train_loop(run_name=run, params=str(params) if params else None, preset=preset or [],
+                                 overrides=overrides or [], iterations=iterations)
+                done, last, root = out["iterations"], out["last_metrics"], out["run_dir"]
+            else:
+                from ragen.run.loop import run_training
 
-            res = run_training(cfg, run)
-            done, root = res.iterations, res.run.root
-            last = res.metrics[done[-1]] if done else None
+                res = run_training(cfg, run)
+                done, root = res.iterations, res.run.root
+                last = res.metrics[done[-1]] if done else None
     except errors as e:
         fail(str(e))
     except Exception as e:  # a full disk, a quota, a read-only run directory: say so, the completed data is intact
@@ -136,11 +131,10 @@ def up_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>
     if params is None and Path("params.yaml").is_file():
         params = Path("params.yaml")  # the flow's default too
     cfg = resolve_config(params, preset, with_iterations(overrides, iterations))  # fails here, before any server starts
-    from ragen.run.progress import RunWatcher
     from ragen.run.rundir import RunDir
 
     try:
-        watcher = RunWatcher(RunDir.at(cfg.trainer.run_dir, run), cfg.trainer.total_training_steps)
+        run_dir = RunDir.at(cfg.trainer.run_dir, run).root
     except ValueError as e:
         fail(f"--run: {e}")
     flow_params = {"run_name": run, "params": str(params) if params else None, "preset": preset or [],
@@ -158,12 +152,9 @@ def up_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>
                    f"runs/prefect/; training run {run!r} ({cfg.trainer.total_training_steps} iterations)")
         if trigger:
             typer.echo(f"triggering: prefect deployment run {DEPLOYMENT} --params '{json.dumps(flow_params)}' --watch")
-            def progress() -> None:
-                for line in watcher.new_lines():
-                    typer.echo(f"  {line}, {time.monotonic() - t0:.0f} s in all")
-
-            r = local.run(flow_params, on_wait=progress)
-            progress()
+            typer.echo(f"follow it in the Prefect UI: http://127.0.0.1:{port}/runs; a line per iteration below")
+            with iteration_progress(run_dir, cfg.trainer.total_training_steps):
+                r = local.run(flow_params)
             typer.echo(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr.strip())
             typer.echo(f"wall time {time.monotonic() - t0:.0f} s; MLflow: `make mlflow-ui`, then "
                        f"http://127.0.0.1:5000")

@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,11 +131,9 @@ class LocalPrefect(Service):
                            capture_output=True, text=True, timeout=60)
         return r.returncode == 0
 
-    def run(self, params: dict[str, Any], timeout: float | None = None,
-            on_wait: Callable[[], None] | None = None) -> subprocess.CompletedProcess:
+    def run(self, params: dict[str, Any], timeout: float | None = None) -> subprocess.CompletedProcess:
         """``prefect deployment run ragen/train-loop --params ... --watch``: returns when the run is terminal, or
-        raises if the server or the serving process dies meanwhile (the run would wait for ever). ``on_wait`` is
-        called every few seconds meanwhile (progress)."""
+        raises if the server or the serving process dies meanwhile (the run would wait for ever)."""
         args = [_bin("prefect"), "deployment", "run", DEPLOYMENT, "--params", json.dumps(params), "--watch"]
         if timeout is not None:
             args += ["--watch-timeout", str(int(timeout))]
@@ -147,8 +144,6 @@ class LocalPrefect(Service):
                     out, err = watch.communicate(timeout=5)
                     return subprocess.CompletedProcess(args, watch.returncode, out, err)
                 except subprocess.TimeoutExpired:
-                    if on_wait is not None:
-                        on_wait()
                     dead = [p for p in self.procs if p.poll() is not None]
                     if dead:
                         watch.kill()
