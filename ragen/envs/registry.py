@@ -11,6 +11,7 @@ from typing import Any
 import gymnasium as gym
 
 from ragen.envs import frozen_lake as fl
+from ragen.envs import maze
 from ragen.envs.base import TextEnv
 from ragen.envs.sokoban.room import ACTION_LOOKUP as SOKOBAN_ACTIONS
 from ragen.envs.sokoban.room import DEFAULT_GRID_VOCAB as SOKOBAN_VOCAB
@@ -22,6 +23,7 @@ ENV_TYPES: dict[str, tuple[str, str]] = {
     "sokoban": ("ragen/Sokoban-v0", "ragen.envs.sokoban.env:SokobanEnv"),
     "frozen_lake": ("ragen/FrozenLake-v0", "ragen.envs.frozen_lake:FrozenLakeEnv"),
     "bandit": ("ragen/Bandit-v0", "ragen.envs.bandit:BanditEnv"),
+    "maze": ("ragen/Maze-v0", "ragen.envs.maze:MazeEnv"),
 }
 ENV_IDS = {env_type: env_id for env_type, (env_id, _) in ENV_TYPES.items()}
 
@@ -36,6 +38,10 @@ FROZEN_LAKE_INSTRUCTION = (
     "You may move in an unintended direction because the ice is slippery. "
     "Example answer format: <think>To avoid the hole and reach the target, I should go left then up."
     "</think><answer>Left || Up</answer>"
+)
+MAZE_INSTRUCTION = (
+    "You are in a maze. Walk to the goal. Walls block the way: a move into a wall or off the grid keeps you where "
+    "you are. The answer should be a sequence of actions, like <answer>Up || Right || Right</answer>"
 )
 DIFF_VOCAB_LOOKUP = {0: "W", 1: ".", 2: "G", 3: "C", 4: "B", 5: "A", 6: "@"}
 
@@ -108,6 +114,8 @@ BUILTIN_TAGS: dict[str, TagSpec] = {
         _sokoban("SokobanDifferentGridVocab", (6, 6), 1, 30, DIFF_VOCAB_LOOKUP),
         TagSpec("FrozenLake", "frozen_lake", {"size": 4, "p": 0.8, "is_slippery": True}, 10, 100,
                 FROZEN_LAKE_INSTRUCTION, fl.DEFAULT_GRID_VOCAB, tuple(fl.ACTION_LOOKUP.values())),
+        TagSpec("Maze", "maze", {"size": 6, "p_open": 0.7, "min_distance": 3}, 10, 100, MAZE_INSTRUCTION,
+                maze.DEFAULT_GRID_VOCAB, tuple(maze.ACTION_LOOKUP.values())),
         _bandit("Bandit", "Phoenix", "Dragon"),
         _bandit("BanditTest", "Trader", "Librarian"),
         _bandit("BanditTestRev", "Librarian", "Trader"),

@@ -25,6 +25,7 @@ from ragen.agent.prompts import forced_prefix
 from ragen.config import AgentConfig, Config
 from ragen.envs.frozen_lake import FrozenLakeEnv
 from ragen.envs.frozen_lake_planner import FrozenLakePlanner
+from ragen.envs.maze import MazeEnv
 from ragen.envs.registry import BUILTIN_TAGS, TagSpec, get_tag
 from ragen.envs.sokoban import SokobanEnv
 from ragen.envs.sokoban.room import TARGET
@@ -95,6 +96,26 @@ class FrozenLakeSolver:
         return acts, think
 
 
+class MazeSolver:
+    name = "bfs"
+    expects_success = True
+
+    def __init__(self, env: MazeEnv, agent: AgentConfig, budget: int, seed: int = 0) -> None:
+        plan = env.plan()
+        if plan is None:
+            raise NoDemo("the goal is walled off")
+        if len(plan) > budget or math.ceil(len(plan) / agent.max_actions_per_turn) > agent.max_turn:
+            raise NoDemo(f"the shortest path takes {len(plan)} moves, more than the budget allows")
+        self.env, self.plan, self.k = env, plan, agent.max_actions_per_turn
+
+    def turn(self, turns_left: int, actions_left: int) -> tuple[list[int], str]:
+        acts, self.plan = self.plan[:self.k], self.plan[self.k:]
+        (r, c), (gr, gc) = self.env.player, self.env.goal
+        think = (f"I am at row {r + 1}, column {c + 1} and the goal is at row {gr + 1}, column {gc + 1}. Around the "
+                 f"walls, the shortest way is {', '.join(_names(self.env, acts))}.")
+        return acts, think
+
+
 class BanditSolver:
     name = "uniform-random"
     expects_success = False  # success is the high arm: keeping only successes would leak the answer
@@ -111,12 +132,12 @@ class BanditSolver:
 
 
 # the demonstration solver of each env type (ragen.envs.registry.ENV_TYPES); each takes (env, agent, budget, seed)
-SOLVERS: dict[str, type[SokobanSolver] | type[FrozenLakeSolver] | type[BanditSolver]] = {
-    "sokoban": SokobanSolver, "frozen_lake": FrozenLakeSolver, "bandit": BanditSolver}
+SOLVERS: dict[str, type[SokobanSolver] | type[FrozenLakeSolver] | type[MazeSolver] | type[BanditSolver]] = {
+    "sokoban": SokobanSolver, "frozen_lake": FrozenLakeSolver, "maze": MazeSolver, "bandit": BanditSolver}
 
 
 def solver_for(spec: TagSpec, env: object, agent: AgentConfig, seed: int) -> SokobanSolver | FrozenLakeSolver | \
-        BanditSolver:
+        MazeSolver | BanditSolver:
     if spec.env_type not in SOLVERS:
         raise ValueError(f"no demonstration solver for env type {spec.env_type!r} (tag {spec.tag}): add one to "
                          f"ragen/sft/demos.py SOLVERS, or leave the tag out of sft.tags")
