@@ -57,10 +57,28 @@ def bench_memory_cmd(model: Annotated[str, typer.Option(help="qwen2.5-0.5b|1.5b|
                      fp32: Annotated[bool, typer.Option("--fp32", help="full fp32 instead of bf16 mixed")] = False,
                      no_critic: Annotated[bool, typer.Option("--no-critic", help="GRPO: no critic")] = False,
                      reference: Annotated[bool, typer.Option("--reference", help="a KL reference model too")] = False,
+                     preset: PresetOpt = None, params: ParamsOpt = None, overrides: SetOpt = None,
+                     gpu_gib: Annotated[float, typer.Option(help="with --preset/--params: the GPU's memory")] = 80.0,
                      as_json: JsonOpt = False) -> None:
-    """Per-GPU memory of the training model states by ZeRO stage and GPU count (computed, ragen/train/memory.py)."""
-    from ragen.train.memory import markdown, memory_report
+    """Per-GPU memory of the training model states by ZeRO stage and GPU count; with --preset/--params, one GPU
+    shared by vLLM and DeepSpeed under that config, per phase (computed, ragen/train/memory.py)."""
+    from ragen.train.memory import config_budget, markdown, memory_report
 
+    if preset or params:
+        cfg = resolve_config(params, preset, overrides)
+        try:
+            rep = config_budget(cfg, gpu_gib=gpu_gib)
+        except (ValueError, FileNotFoundError) as e:
+            fail(f"--preset/--params: {e}")
+        if as_json:
+            typer.echo(json.dumps(rep))
+            return
+        typer.echo(f"{rep['model']} ({rep['parameters'] / 1e9:.2f}B), ZeRO-{rep['zero_stage']} on one {gpu_gib:g} GiB "
+                   f"GPU shared with vLLM (sleep during the update: {rep['sleep_during_update']})")
+        for phase in ("rollout", "update"):
+            typer.echo(f"  {phase:8s} {rep[f'{phase}_phase_gib']:7.2f} GiB in use, "
+                       f"{rep[f'{phase}_headroom_gib']:7.2f} GiB left for activations and buffers")
+        return
     try:
         worlds = tuple(int(g) for g in gpus.split(","))
         rep = memory_report(model, worlds=worlds, mixed=not fp32, critic=not no_critic, reference=reference)

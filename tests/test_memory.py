@@ -2,7 +2,7 @@
 
 import pytest
 
-from ragen.train.memory import count_parameters, memory_table, model_state_bytes
+from ragen.train.memory import colocated_budget, count_parameters, memory_table, model_alias, model_state_bytes
 
 pytestmark = pytest.mark.unit
 
@@ -30,3 +30,22 @@ def test_parameter_counts_match_the_published_sizes():
     assert round(count_parameters("qwen2.5-7b") / 1e9, 2) == 7.62
     with pytest.raises(FileNotFoundError, match="local model directory"):
         count_parameters("no-such-model")
+
+
+def test_one_gpu_shared_by_vllm_and_deepspeed_by_hand():
+    """2^30 parameters, ZeRO-0, mixed: actor and critic states 16 GiB each; the engine's bf16 weights 2 GiB."""
+    n = 2**30
+    b = colocated_budget(n, gpu_gib=80, gpu_memory_utilization=0.5, kv_cache_gib=None, sleep_during_update=True,
+                         stage=0)
+    assert (b["trainer_states_gib"], b["engine_weights_gib"], b["engine_gib"]) == (32, 2, 40)
+    assert (b["rollout_phase_gib"], b["rollout_headroom_gib"]) == (72, 8)
+    assert (b["update_phase_gib"], b["update_headroom_gib"]) == (32, 48)  # asleep: vLLM holds nothing
+    awake = colocated_budget(n, gpu_gib=80, gpu_memory_utilization=0.5, kv_cache_gib=10, sleep_during_update=False,
+                             stage=2, world=1, critic=False)
+    assert (awake["trainer_states_gib"], awake["engine_gib"], awake["update_phase_gib"]) == (16, 12, 28)
+
+
+def test_model_alias_of_hub_ids():
+    assert model_alias("Qwen/Qwen2.5-0.5B-Instruct") == "qwen2.5-0.5b"
+    assert model_alias("Qwen/Qwen2.5-7B-Instruct") == "qwen2.5-7b"
+    assert model_alias("/models/mine") == "/models/mine"

@@ -115,3 +115,56 @@ def markdown(report: dict[str, Any]) -> str:
         cells = [f"{r['total_gib']:.1f}" for r in report["rows"] if r["zero_stage"] == stage]
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def model_alias(base: str) -> str:
+    """The ``QWEN25`` name of a hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``, else ``base`` unchanged."""
+    low = base.lower().rsplit("/", 1)[-1]
+    return next((name for name in QWEN25 if low.startswith(name)), base)
+
+
+def colocated_budget(n_params: int, *, gpu_gib: float, gpu_memory_utilization: float,
+                     kv_cache_gib: float | None, sleep_during_update: bool, stage: int, world: int = 1,
+                     critic: bool = True, reference: bool = False, mixed: bool = True,
+                     engine_bytes_per_param: int = 2) -> dict[str, float]:
+    """One GPU shared by vLLM and DeepSpeed, per phase (GiB). The trainer's model states stay on the GPU all run.
+    vLLM holds ``gpu_memory_utilization`` x the GPU (weights and KV cache inside it), or its weights plus
+    ``kv_cache_gib`` when that is set. During the update a sleeping engine (level 1: weights to CPU memory, KV
+    cache freed) holds nothing; an awake one keeps its share. What is left in each phase is for activations,
+    the allocator's cache and CUDA/NCCL buffers."""
+    row = next(r for r in memory_table(n_params, worlds=(world,), mixed=mixed, critic=critic, reference=reference)
+               if r.stage == stage)
+    weights = engine_bytes_per_param * n_params / GIB
+    engine = weights + kv_cache_gib if kv_cache_gib is not None else gpu_memory_utilization * gpu_gib
+    during_update = 0.0 if sleep_during_update else engine
+    out = {"gpu_gib": gpu_gib, "trainer_states_gib": row.total_gib, "engine_weights_gib": weights,
+           "engine_gib": engine, "engine_during_update_gib": during_update,
+           "rollout_phase_gib": row.total_gib + engine, "update_phase_gib": row.total_gib + during_update}
+    out["rollout_headroom_gib"] = gpu_gib - out["rollout_phase_gib"]
+    out["update_headroom_gib"] = gpu_gib - out["update_phase_gib"]
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def config_budget(cfg: Any, *, gpu_gib: float = 80.0, world: int = 1) -> dict[str, Any]:
+    """``colocated_budget`` for a resolved config: its model, vLLM memory settings, whether it needs a critic or a
+    reference model, and the actor's ZeRO stage (its DeepSpeed config)."""
+    import json
+    from pathlib import Path
+
+    from ragen.algos.advantages import needs_critic
+
+    model = model_alias(cfg.model.base)
+    stage = int(json.loads(Path(cfg.actor.deepspeed_config).read_text()).get("zero_optimization", {})
+                .get("stage", 0))
+    a, r = cfg.algorithm, cfg.rollout
+    reference = bool(a.use_kl_in_reward or cfg.actor.use_kl_loss or a.kl_monitor)
+    n = count_parameters(model)
+    mixed = cfg.actor.compute_dtype == "bf16"
+    budget = colocated_budget(n, gpu_gib=gpu_gib, gpu_memory_utilization=r.gpu_memory_utilization,
+                              kv_cache_gib=r.kv_cache_memory_gib, sleep_during_update=r.sleep_during_update,
+                              stage=stage, world=world, critic=needs_critic(a.adv_estimator), reference=reference,
+                              mixed=mixed)
+    return {"model": model, "parameters": n, "zero_stage": stage, "gpus": world,
+            "critic": needs_critic(a.adv_estimator), "reference": reference,
+            "gpu_memory_utilization": r.gpu_memory_utilization, "kv_cache_memory_gib": r.kv_cache_memory_gib,
+            "sleep_during_update": r.sleep_during_update, **budget}
