@@ -50,7 +50,7 @@ def test_training_logs_to_an_mlflow_server_on_postgresql(prefect_api, tmp_path):
 
 
 def test_missing_postgres_binaries_name_the_fix(monkeypatch, tmp_path):
-    from ragen import services
+    from tasks import services
 
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(services, "Path", lambda *a: tmp_path / "none" if a == ("/usr/lib/postgresql",) else Path(*a))
