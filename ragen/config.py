@@ -522,6 +522,10 @@ def _format_errors(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+# keys the schema has dropped: ignored when a file holds them (old runs' config.yaml), refused in overrides
+REMOVED_KEYS = ("algorithm.kl_ctrl", "algorithm.kl_target", "algorithm.kl_horizon")  # never wired (issue 29)
+
+
 def load_config(params: str | Path | None = None, presets: Iterable[str] = (), overrides: Iterable[str] = (),
                 ) -> Config:
     """Resolve a config. ``params`` is a YAML file with any subset of the schema (e.g. params.yaml, or a run's
@@ -553,6 +557,10 @@ def load_config(params: str | Path | None = None, presets: Iterable[str] = (), o
         if not isinstance(loaded, dict):
             raise ConfigError(f"params file {path} must hold a mapping at the top level")
         loaded = {k: v for k, v in loaded.items() if k not in ("experiments",)}
+        for key in REMOVED_KEYS:  # a config.yaml of a run made before a key was removed still loads
+            section, _, name = key.partition(".")
+            if isinstance(loaded.get(section), dict):
+                loaded[section] = {k: v for k, v in loaded[section].items() if k != name}
         sources.append(str(path))
         file_presets = loaded.pop("preset", []) or []
         apply([file_presets] if isinstance(file_presets, str) else file_presets)

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ragen.config import (
     PARAMS_COMMAND,
@@ -10,6 +11,7 @@ from ragen.config import (
     ConfigError,
     available_presets,
     commented_yaml,
+    config_to_dict,
     flatten,
     load_config,
 )
@@ -151,3 +153,15 @@ def test_envs_for_mode():
     assert cfg.envs.for_mode("val") == (cfg.envs.val, 123)
     with pytest.raises(ValueError, match="mode must be"):
         cfg.envs.for_mode("test")
+
+
+def test_a_run_config_with_removed_keys_still_loads(tmp_path):
+    """A run's config.yaml written before algorithm.kl_ctrl/kl_target/kl_horizon were removed loads as a params
+    file (re-scoring or logging an old run); an override naming one is still an unknown key."""
+    old = config_to_dict(load_config(None, ["cpu-small"]))
+    old["algorithm"].update({"kl_ctrl": "fixed", "kl_target": 0.1, "kl_horizon": 10000})
+    p = tmp_path / "config.yaml"
+    p.write_text(yaml.safe_dump(old))
+    assert load_config(p).algorithm.kl_coef == 0.0
+    with pytest.raises(ConfigError, match="kl_ctrl"):
+        load_config(None, [], ["algorithm.kl_ctrl=adaptive"])
