@@ -522,8 +522,9 @@ def _format_errors(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-# keys the schema has dropped: ignored when a file holds them (old runs' config.yaml), refused in overrides
-REMOVED_KEYS = ("algorithm.kl_ctrl", "algorithm.kl_target", "algorithm.kl_horizon")  # never wired (issue 29)
+# keys the schema has dropped, with the value every run made while they existed had: ignored when a file holds
+# them (old runs' config.yaml), refused in overrides; run names still hash them (ragen.run.identity)
+REMOVED_KEYS = {"algorithm.kl_ctrl": "fixed", "algorithm.kl_target": 0.1, "algorithm.kl_horizon": 10000}  # never wired
 
 
 def load_config(params: str | Path | None = None, presets: Iterable[str] = (), overrides: Iterable[str] = (),

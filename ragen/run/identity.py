@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Any
 
-from ragen.config import Config, config_to_dict, flatten
+from ragen.config import REMOVED_KEYS, Config, config_to_dict, flatten
 
 # keys that may differ between the first start of a run and its resume without changing its data
 # (prefixes: where runs are logged and versioned is not part of what they compute)
@@ -19,9 +19,6 @@ LATER_KEYS = {"actor.compute_dtype": "fp32", "critic.compute_dtype": "fp32", "ro
               "algorithm.kl_monitor_size": 0,
               "critic.value_head_lr": None, "critic.value_scale": 1.0, "envs.train_seeds": None,
               "rollout.kv_cache_memory_gib": None, "rollout.sleep_during_update": True}
-# Settings the schema has dropped, at the value every run made while they existed computed with (the adaptive KL
-# controller was never wired): a run's name still hashes them, so runs made before keep their names.
-DROPPED_KEYS = {"algorithm.kl_ctrl": "fixed", "algorithm.kl_target": 0.1, "algorithm.kl_horizon": 10000}
 RESUME_FREE = ("trainer.total_training_steps", "rollout.progress", "tracking.", "diagnostics.")
 
 
@@ -41,5 +38,5 @@ def identity(flat: dict[str, Any]) -> dict[str, Any]:
 def config_name(cfg: Config) -> str:
     """A run name from the settings that make a run's data (those a restart may not change): ``p-<hash>``."""
     flat = {k: v for k, v in identity(flatten(config_to_dict(cfg))).items() if not k.startswith(RESUME_FREE)}
-    flat = {**DROPPED_KEYS, **flat}
+    flat = {**REMOVED_KEYS, **flat}  # dropped settings at their one value: runs made before keep their names
     return "p-" + hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:10]
