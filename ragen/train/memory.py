@@ -148,14 +148,12 @@ def colocated_budget(n_params: int, *, gpu_gib: float, gpu_memory_utilization: f
 def config_budget(cfg: Any, *, gpu_gib: float = 80.0, world: int = 1) -> dict[str, Any]:
     """``colocated_budget`` for a resolved config: its model, vLLM memory settings, whether it needs a critic or a
     reference model, and the actor's ZeRO stage (its DeepSpeed config)."""
-    import json
-    from pathlib import Path
-
     from ragen.algos.advantages import needs_critic
+    from ragen.train.ds import load_ds_config
 
     model = model_alias(cfg.model.base)
-    stage = int(json.loads(Path(cfg.actor.deepspeed_config).read_text()).get("zero_optimization", {})
-                .get("stage", 0))
+    ds = load_ds_config(cfg.actor.deepspeed_config, grad_clip=cfg.actor.grad_clip)
+    stage = int(ds.get("zero_optimization", {}).get("stage", 0))
     a, r = cfg.algorithm, cfg.rollout
     reference = bool(a.use_kl_in_reward or cfg.actor.use_kl_loss or a.kl_monitor)
     n = count_parameters(model)
