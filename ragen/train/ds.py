@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -167,11 +168,40 @@ def save_engine_state(engine: Any, path: str | Path) -> None:
         del engine.module_state_dict
 
 
+def checkpoint_globals() -> list[Any]:
+    """The classes DeepSpeed's own checkpoints pickle beyond tensors and plain containers (the ZeRO optimizer
+    states' loss scaler, fragment addresses and stage enum): the only ones a resume may build."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def load_weights_only(path: str | Path, map_location: Any = None) -> Any:
+    """``torch.load`` that builds tensors, plain containers and ``checkpoint_globals`` only: a state file pulled
+    from a shared DVC remote cannot run code when a run resumes from it (DeepSpeed itself unpickles anything)."""
+    with torch.serialization.safe_globals(checkpoint_globals()):
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise pickle.UnpicklingError(
+                f"{path} holds objects a checkpoint of this project never has, so it was not loaded (it could run "
+                f"code): {str(e).splitlines()[0]}. Restore the checkpoint from a copy you trust (`dvc checkout` / "
+                f"`dvc pull` of its .dvc pointer) or resume from an earlier iteration") from None
+
+
 def load_engine_state(engine: Any, path: str | Path) -> bool:
     """The optimizer and engine state ``save_engine_state`` wrote (into an engine whose module already holds the
-    checkpoint's weights); False if DeepSpeed found none. Checkpoints that also hold the weights load as well."""
-    loaded, _ = engine.load_checkpoint(str(path), tag=STATE_TAG, load_module_strict=zero_stage(engine) >= 3,
-                                       load_optimizer_states=True, load_lr_scheduler_states=False)
+    checkpoint's weights); False if DeepSpeed found none. Checkpoints that also hold the weights load as well.
+    Every file is read by ``load_weights_only``."""
+    ce = engine.checkpoint_engine
+    ce.load = load_weights_only  # DeepSpeed reads its state files through this one method
+    try:
+        loaded, _ = engine.load_checkpoint(str(path), tag=STATE_TAG, load_module_strict=zero_stage(engine) >= 3,
+                                           load_optimizer_states=True, load_lr_scheduler_states=False)
+    finally:
+        del ce.load  # back to the engine's own method
     return loaded is not None
 
 
