@@ -55,6 +55,27 @@ def print_panel(m: dict) -> None:
 
 
 @contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """`kill <pid>` stops the work in hand like Ctrl-C: it unwinds (the iteration in progress is abandoned, the
+    completed ones stay, the MLflow run is marked KILLED, engines shut down) instead of the process vanishing."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
 def stdout_to_stderr():
     """Everything the libraries print while a benchmark runs (vLLM's log, DeepSpeed's op builds, C-level writes)
     goes to stderr, so that the command's stdout is its result alone (one JSON line with --json)."""

@@ -28,7 +28,8 @@ def bench_faults(*, quick: bool = False, pytest_args: tuple[str, ...] = ()) -> d
         t0 = time.monotonic()
         # pytest's own report goes to stderr, so stdout stays one JSON object
         r = subprocess.run(cmd, cwd=suite.parents[1], env=env, stdout=sys.stderr, stderr=sys.stderr)
-        counts = json.loads(out.read_text()) if out.is_file() else {"faults_tried": 0, "survived": 0,
+        counts = json.loads(out.read_text()) if out.is_file() else {"faults_tried": 0, "real": 0,
+                                                                     "simulated": 0, "survived": 0,
                                                                      "data_lost": 0, "faults": []}
     return {**counts, "pytest_exit_code": r.returncode, "wall_s": round(time.monotonic() - t0, 1),
             "quick": quick}

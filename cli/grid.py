@@ -47,25 +47,61 @@ def grid_list(params: GridParams = Path("params.yaml")) -> None:
                    f"{r.experiment.description})")
 
 
+# dvc.yaml's stage commands pass "$DVC_STAGE" (the stage's name, set by DVC) rather than params.yaml values spliced
+# into the command line, which DVC hands to a shell.
+GridStage = Annotated[str | None, typer.Option("--stage", help="a DVC stage name, <stage>@<experiment>-<seed> (what "
+                                                "dvc.yaml passes as \"$DVC_STAGE\"), instead of --name and --seed")]
+
+
+def _which_run(name: str | None, seed: int, stage: str | None, params: Path) -> tuple[str, int]:
+    from ragen.experiments import read_grid
+
+    if stage is None:
+        if name is None:
+            fail("name the grid run: --name EXPERIMENT [--seed N], or --stage <stage>@<experiment>-<seed>")
+        return name, seed
+    if name is not None:
+        fail("give either --stage or --name/--seed, not both")
+    if "@" not in stage:
+        fail(f"--stage {stage!r} is not a matrix stage's name (<stage>@<experiment>-<seed>)")
+    return _grid_call(lambda: read_grid(params).run_of_item(stage.split("@", 1)[1]))
+
+
 @app.command("train")
-def grid_train_cmd(name: Annotated[str, typer.Option(help="experiment name")], seed: int = 0,
-                   params: GridParams = Path("params.yaml"), reports: GridReports = Path("reports/grid")) -> None:
+def grid_train_cmd(name: Annotated[str | None, typer.Option(help="experiment name")] = None, seed: int = 0,
+                   stage: GridStage = None, params: GridParams = Path("params.yaml"),
+                   reports: GridReports = Path("reports/grid")) -> None:
     """Train one grid run (continuing it if it exists) and export its metrics to reports/grid/<name>-s<seed>/."""
     from flows.ablations import grid_train
 
+    name, seed = _which_run(name, seed, stage, params)
     s = _grid_call(grid_train, name, seed, str(params), str(reports))
     typer.echo(f"{name} seed {seed}: {s['iterations']} iterations in {s['run_dir']}; val score "
                f"{s.get('val/score', float('nan')):.3f}")
 
 
 @app.command("eval")
-def grid_eval_cmd(name: Annotated[str, typer.Option(help="experiment name")], seed: int = 0,
-                  params: GridParams = Path("params.yaml"), reports: GridReports = Path("reports/grid")) -> None:
+def grid_eval_cmd(name: Annotated[str | None, typer.Option(help="experiment name")] = None, seed: int = 0,
+                  stage: GridStage = None, params: GridParams = Path("params.yaml"),
+                  reports: GridReports = Path("reports/grid")) -> None:
     """Score one trained grid run's last checkpoint on the panel (reports/grid/<name>-s<seed>/eval/)."""
     from flows.ablations import grid_evaluate
 
+    name, seed = _which_run(name, seed, stage, params)
     res = _grid_call(grid_evaluate, name, seed, str(params), str(reports))
     print_panel(res["metrics"])
+
+
+@app.command("panel")
+def grid_panel_cmd(params: GridParams = Path("params.yaml"),
+                   out_dir: Annotated[Path, typer.Option(help="folder of the panels")] = Path("data/panels")) -> None:
+    """Write the fixed evaluation panel of the grid's scale (experiments.scale) to <out-dir>/<scale>.json: what
+    `ragen eval panel --scale SCALE` writes."""
+    from cli.evaluate import eval_panel_cmd
+    from ragen.experiments import read_grid
+
+    scale = _grid_call(read_grid, params).scale
+    eval_panel_cmd(out=out_dir / f"{scale}.json", scale=scale)
 
 
 @app.command("report")

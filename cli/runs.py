@@ -36,3 +36,32 @@ def runs_compare_cmd(runs: Annotated[list[Path], typer.Argument(help="run direct
         (out / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
         (out / "compare.md").write_text(table + "\n")
         typer.echo(f"wrote {plot_compare(runs, out / 'compare.png', keys)}, {out / 'summary.json'}")
+
+
+@app.command("verify")
+def runs_verify_cmd(repo: Annotated[Path, typer.Option(help="the DVC repository (the project)")] = Path("."),
+                    remote: Annotated[str | None, typer.Option(help="DVC remote (default: the repo's)")] = None,
+                    repair: Annotated[bool, typer.Option("--repair/--check-only",
+                                                         help="replace a damaged copy by the good one")] = True,
+                    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+    """Hash every DVC object in the cache and on a filesystem remote; a damaged copy is replaced by the good one
+    (exit 1 when an object has no good copy left)."""
+    from tasks.dvc_verify import verify_objects
+
+    res = verify_objects(repo, remote, repair=repair)
+    if as_json:
+        typer.echo(json.dumps(res.to_dict(), indent=1))
+    else:
+        verb = "restored" if repair else "damaged"
+        typer.echo(f"{res.checked} object copies hashed; cache {verb}: {len(res.restored_cache)}, remote {verb}: "
+                   f"{len(res.restored_remote)}, lost: {len(res.lost)}" + (f" ({res.unchecked})" if res.unchecked
+                                                                          else ""))
+        if res.leftovers:
+            typer.echo(f"{len(res.leftovers)} temporary file(s) of an interrupted transfer (no pointer names them; "
+                       f"delete them when no DVC command runs): {', '.join(res.leftovers[:5])}")
+        if res.restored_cache and repair:
+            typer.echo("workspace files hardlinked to a repaired cache object keep the damage until `dvc checkout "
+                       "--force` (of their .dvc pointers) relinks them")
+    if res.lost:
+        fail(f"objects with no good copy in the cache or on the remote: {', '.join(res.lost)}; the runs that "
+             f"versioned them cannot be checked out whole", 1)

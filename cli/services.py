@@ -10,6 +10,7 @@ import typer
 
 from cli.common import (
     fail,
+    sigterm_as_interrupt,
 )
 
 app = typer.Typer(no_args_is_help=True, help="Local servers for tracking at scale (infra/mlflow/).")
@@ -24,14 +25,12 @@ def services_mlflow_cmd(
         pg_port: Annotated[int, typer.Option(help="PostgreSQL port on 127.0.0.1")] = 5432) -> None:
     """A PostgreSQL cluster and an MLflow tracking server on it (127.0.0.1), until Ctrl-C. Train against it with
     --set tracking.mlflow_tracking_uri=http://127.0.0.1:PORT --set tracking.mlflow_artifact_location=null."""
-    import signal
-
     from tasks.services import LocalMLflowServer, LocalPostgres, ServiceError
 
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        with LocalPostgres(postgres, port=pg_port) as pg, \
-                LocalMLflowServer(pg.url, artifacts, port=port, log=postgres.parent / "mlflow-server.log") as srv:
+        with sigterm_as_interrupt(), LocalPostgres(postgres, port=pg_port) as pg, \
+                LocalMLflowServer(pg.url, artifacts, port=port, log=postgres.parent / "mlflow-server.log",
+                                  env=pg.client_env) as srv:
             typer.echo(f"MLflow on {srv.url} (backend {pg.url}, artifacts {artifacts}); Ctrl-C stops both")
             while srv.proc is not None and srv.proc.poll() is None:
                 time.sleep(1.0)

@@ -5,11 +5,20 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
-from cli.common import ParamsOpt, PresetOpt, SetOpt, fail, iteration_progress, resolve_config, resolve_experiment
+from cli.common import (
+    ParamsOpt,
+    PresetOpt,
+    SetOpt,
+    fail,
+    iteration_progress,
+    resolve_config,
+    resolve_experiment,
+    sigterm_as_interrupt,
+)
 
 
 def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>; an existing run continues; "
@@ -52,7 +61,8 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
     errors: tuple[type[Exception], ...] = (ResumeError, GuardGaveUp, FileNotFoundError)
     try:
         # a line per iteration on stderr: the flow's own log goes to Prefect, the plain loop prints nothing
-        with iteration_progress(Path(cfg.trainer.run_dir) / run, cfg.trainer.total_training_steps):
+        with sigterm_as_interrupt(), iteration_progress(Path(cfg.trainer.run_dir) / run,
+                                                         cfg.trainer.total_training_steps):
             if prefect:
                 from flows.train_loop import train_loop
                 from tasks.versioning import VersioningError
@@ -70,8 +80,16 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
                 last = res.metrics[done[-1]] if done else None
     except errors as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        _stopped(cfg.trainer.run_dir, run)
     except Exception as e:  # a full disk, a quota, a read-only run directory: say so, the completed data is intact
         from ragen.run.storage import storage_failure
+
+        if prefect:
+            from flows.train_loop import stopped_from_outside
+
+            if stopped_from_outside(e):  # the interrupt, replaced by Prefect's error on its way out
+                _stopped(cfg.trainer.run_dir, run)
 
         msg = storage_failure(RunDir.at(cfg.trainer.run_dir, run), e)
         if msg is None:
@@ -90,6 +108,14 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
     for k in ("val/score", "actor/grad_norm", "timing_s/iteration"):
         if last and k in last:
             typer.echo(f"  {k:24s} {last[k]:.4f}")
+
+
+def _stopped(run_dir: str, run: str) -> NoReturn:
+    from ragen.run.rundir import RunDir
+
+    done = RunDir.at(run_dir, run).completed()
+    fail(f"stopped (SIGTERM or Ctrl-C): iterations {f'0..{done[-1]}' if done else 'none'} of run "
+         f"{Path(run_dir) / run} are complete and kept; the same command resumes it", 130)
 
 
 def _write_summary(root: Path, out: Path) -> None:
@@ -139,14 +165,8 @@ def up_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>
         fail(f"--run: {e}")
     flow_params = {"run_name": run, "params": str(params) if params else None, "preset": preset or [],
                    "overrides": overrides or [], "iterations": iterations}
-    import signal
-
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt  # `kill` stops the server, the serving process and its runs like Ctrl-C does
-
-    signal.signal(signal.SIGTERM, stop)
     t0 = time.monotonic()
-    with LocalPrefect(port=port, mode=mode) as local:
+    with sigterm_as_interrupt(), LocalPrefect(port=port, mode=mode) as local:  # `kill` stops it all like Ctrl-C
         how = "process work pool ragen-process and its worker" if mode == "pool" else "flow.serve"
         typer.echo(f"Prefect server on http://127.0.0.1:{port} (UI and API), {DEPLOYMENT} on the {how}; logs in "
                    f"runs/prefect/; training run {run!r} ({cfg.trainer.total_training_steps} iterations)")

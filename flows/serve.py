@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.services import Service, healthy
+from tasks.services import Service, healthy, prefect_home_env
 
 DEPLOYMENT = "ragen/train-loop"
 PROCESS_POOL = "ragen-process"
@@ -63,7 +63,7 @@ class LocalPrefect(Service):
         env.update(PREFECT_API_URL=self.api_url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
                    PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(self.port))
         if self.home is not None:
-            env["PREFECT_HOME"] = str(self.home)
+            env.update(prefect_home_env(self.home))
         return env
 
     def _spawn(self, args: list[str], log: str) -> subprocess.Popen:
@@ -95,6 +95,9 @@ class LocalPrefect(Service):
         server = self._spawn([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.port),
                               "--analytics-off"], "server.log")
         self._wait(lambda: healthy(self.api_url), "the Prefect server", server, "server.log")
+        for name in self.crash_orphans():
+            print(f"Prefect: flow run {name!r} was left Running by a server or worker that died; its process is "
+                  f"gone, so it is marked Crashed (a new trigger of the run resumes it)", file=sys.stderr)
         if self.mode == "serve":
             serve = self._spawn([sys.executable, "-m", "flows.serve"], "serve.log")
             self._wait(self.deployment_ready, f"the process serving {DEPLOYMENT}", serve, "serve.log")
@@ -107,6 +110,38 @@ class LocalPrefect(Service):
                                   "--limit", "1"], "worker.log")
             self._wait(self.worker_ready, f"the {PROCESS_POOL} worker", worker, "worker.log")
         return self
+
+    def crash_orphans(self) -> list[str]:
+        """Mark Crashed the flow runs this server still shows Running, Pending or Cancelling although nothing
+        executes them any more: deployment runs whose process is gone (the server or the worker was killed under
+        them, so nobody reported the end) and the subflows of runs that are over. Left as they are, a dead run keeps
+        its deployment's concurrency slot (``concurrency_limit: 1``): every later run would wait for it for ever.
+        Called before any worker starts; a run whose process still lives is left alone. Returns their names."""
+        from prefect.client.orchestration import SyncPrefectClient
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+        from prefect.client.schemas.objects import StateType
+        from prefect.states import Crashed
+
+        live = [StateType.RUNNING, StateType.PENDING, StateType.CANCELLING]
+        crashed: dict[Any, str] = {}  # id -> name (names repeat: every run has its iteration-1 subflow)
+        with SyncPrefectClient(self.api_url) as client:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=live))))
+
+            def crash(run: Any, why: str) -> None:
+                client.set_flow_run_state(run.id, Crashed(message=why), force=True)
+                crashed[run.id] = run.name
+
+            for run in runs:
+                if run.deployment_id is not None and not _alive(run.infrastructure_pid):
+                    crash(run, f"its process ({run.infrastructure_pid or 'never started'}) is gone: the Prefect "
+                               f"server or worker stopped under it")
+            for run in runs:
+                if run.parent_task_run_id is not None and run.id not in crashed:
+                    parent = client.read_flow_run(client.read_task_run(run.parent_task_run_id).flow_run_id)
+                    if parent.state is None or parent.state.type not in live:
+                        crash(run, f"its parent flow run {parent.name!r} is over")
+        return list(crashed.values())
 
     @property
     def main_log(self) -> str:
@@ -161,6 +196,26 @@ class LocalPrefect(Service):
             _killpg(p.pid, signal.SIGKILL)
             p.wait()
         self.procs.clear()
+
+
+def _alive(pid: str | None) -> bool:
+    """Whether the process a worker recorded for a flow run (``infrastructure_pid``) still runs here."""
+    if not pid or not pid.isdigit():
+        return False
+    if not Path("/proc/self").is_dir():  # no procfs (macOS): a signal 0 says whether the pid exists
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended; only its parent has not collected it
+
 
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):

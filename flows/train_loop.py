@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.exceptions import ExternalSignal
 
 from flows import trust
 from flows.sft import sft_flow
@@ -47,6 +48,20 @@ def iteration_flow(run_root: str, k: int, last: int, run_id: str | None = None) 
     return metrics
 
 
+def stopped_from_outside(e: BaseException) -> bool:
+    """Whether ``e`` is, or was raised while unwinding from, a stop from outside (SIGTERM or Ctrl-C as
+    KeyboardInterrupt, a worker's cancel as ExternalSignal). Prefect's task engine can replace the interrupt with its
+    own error when it lands between a task's start and its run record ("Task run is not set"); the interrupt is then
+    that error's context."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt | ExternalSignal):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def resolve(params: str | None, preset: list[str] | str | None, overrides: list[str] | None,
             iterations: int | None) -> Config:
     presets = [preset] if isinstance(preset, str) else list(preset or [])
@@ -74,6 +89,9 @@ def _train(run: RunDir, cfg: Config, run_name: str, params: str | None, preset: 
         sft_flow(params, preset, loop.with_iterations(overrides, iterations), evaluate=False)
     if cfg.tracking.dvc:
         versioning.check_remote(cfg, run)  # a missing DVC repo or remote is a set-up error: say so before training
+        for path in versioning.check_resume_data(run):  # damaged versioned data stops the start, named
+            log.warning("%s could not be checked against its DVC pointer: its listing is not in the DVC cache "
+                        "(`dvc fetch` brings it back)", path)
     run_id = tracking.reported(run, "MLflow start", tracking.start_tracking, cfg, run)
 
     def report(k: int, m: dict[str, float]) -> None:
@@ -98,9 +116,10 @@ def _train(run: RunDir, cfg: Config, run_name: str, params: str | None, preset: 
     try:
         res = loop.run_training(cfg, run_name, ops=stages, iteration=step, on_iteration=report,
                                 on_rollback=rolled_back)
-    except BaseException:
-        if run_id is not None:
-            tracking.reported(run, "MLflow end", tracking.end_tracking, cfg, run_id, "FAILED")
+    except BaseException as e:
+        if run_id is not None:  # stopped from outside (SIGTERM, Ctrl-C, a cancel) is KILLED; anything else FAILED
+            status = "KILLED" if stopped_from_outside(e) else "FAILED"
+            tracking.reported(run, "MLflow end", tracking.end_tracking, cfg, run_id, status)
         raise
     done = run.completed()
     if cfg.tracking.dvc and done:  # a no-op unless a kill came between the last iteration and its versioning

@@ -239,6 +239,16 @@ class Grid:
     def resolve(self, name: str, seed: int) -> Resolved:
         return resolve(name, self.scale, seed, self.overrides, self.sweep_name)
 
+    def run_of_item(self, item: str) -> tuple[str, int]:
+        """The (experiment, seed) whose matrix item is ``item`` (``<experiment>-<seed>``, what follows ``@`` in a
+        stage name such as ``ablation-train@granularity-1-0``): the stage commands take the stage's name from the
+        environment instead of params spliced into a shell command line."""
+        match = [(n, s) for n, s in self.runs() if f"{n}-{s}" == item]
+        if len(match) != 1:
+            raise KeyError(f"{item!r} is not one run of the grid (<experiment>-<seed>); the grid's runs: "
+                           f"{', '.join(f'{n}-{s}' for n, s in self.runs())}")
+        return match[0]
+
     def to_dict(self) -> dict:
         return {"scale": self.scale, "seeds": list(self.seeds), "run": list(self.run), "sweep": self.sweep,
                 "overrides": list(self.overrides)}

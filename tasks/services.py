@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,14 @@ from typing import Any
 
 PG_USER = "ragen"
 PG_DB = "mlflow"
+
+
+def prefect_home_env(home: Path) -> dict[str, str]:
+    """Variables that put all of Prefect's own files under ``home``. PREFECT_HOME alone is not enough in prefect
+    3.7: the server's memo store and the local result storage default to ~/.prefect whatever it says. (Here, not
+    beside the Prefect server in flows/serve.py, so that the test session can set them before prefect is imported.)"""
+    return {"PREFECT_HOME": str(home), "PREFECT_SERVER_MEMO_STORE_PATH": str(Path(home) / "memo_store.toml"),
+            "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(Path(home) / "storage")}
 
 
 class ServiceError(RuntimeError):
@@ -90,7 +99,9 @@ def _as_owner(args: list[str]) -> list[str]:
 @dataclass
 class LocalPostgres(Service):
     """A throw-away (or kept) PostgreSQL cluster in ``data_dir`` on 127.0.0.1:``port``, with a database ``db``
-    owned by ``user``; trust authentication on loopback only. ``with LocalPostgres(dir) as pg: pg.url``."""
+    owned by ``user``. Password authentication (SCRAM) on loopback and the socket: the password is made on first
+    use and kept beside the data directory (``<data_dir>.password``, mode 0600); clients get it from ``client_env``
+    (libpq's PGPASSWORD), never in a URL or on a command line. ``with LocalPostgres(dir) as pg: pg.url``."""
 
     data_dir: Path
     port: int = field(default_factory=free_port)
@@ -100,29 +111,101 @@ class LocalPostgres(Service):
 
     @property
     def url(self) -> str:
-        """SQLAlchemy URL of the database (MLflow's --backend-store-uri)."""
+        """SQLAlchemy URL of the database (MLflow's --backend-store-uri), without the password."""
         return f"postgresql+psycopg2://{self.user}@127.0.0.1:{self.port}/{self.db}"
 
     @property
     def log(self) -> Path:
         return self.data_dir / "server.log"
 
-    def _owned(self) -> None:
-        if os.geteuid() == 0:
-            import pwd
+    @property
+    def password_file(self) -> Path:
+        return self.data_dir.with_name(self.data_dir.name + ".password")
 
-            try:
-                pw = pwd.getpwnam("postgres")
-            except KeyError:
-                raise ServiceError("running as root and there is no `postgres` system user (Debian's postgresql "
-                                   "package creates it): install the package or run as a non-root user") from None
-            for p in [self.data_dir, *self.data_dir.rglob("*")]:
-                os.chown(p, pw.pw_uid, pw.pw_gid)
-            # the server must be able to reach its data directory: make the parents traversable
-            for parent in self.data_dir.resolve().parents:
-                mode = parent.stat().st_mode
-                if not mode & 0o001:
-                    parent.chmod(mode | 0o001)
+    @property
+    def password(self) -> str:
+        f = self.password_file
+        if not f.is_file():
+            f.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as out:
+                    out.write(secrets.token_urlsafe(24))
+        return f.read_text().strip()
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """Environment for a process that connects to the database (e.g. ``mlflow server``)."""
+        return {"PGPASSWORD": self.password}
+
+    def _postgres_user(self) -> Any:
+        import pwd
+
+        try:
+            return pwd.getpwnam("postgres")
+        except KeyError:
+            raise ServiceError("running as root and there is no `postgres` system user (Debian's postgresql "
+                               "package creates it): install the package or run as a non-root user") from None
+
+    def _owned(self) -> None:
+        """Under root, hand the data directory to the ``postgres`` user. Directories above it are left as they
+        are: one the server cannot pass through is an error naming it, not a chmod outside the project."""
+        if os.geteuid() != 0:
+            return
+        pw = self._postgres_user()
+        for p in [self.data_dir, *self.data_dir.rglob("*")]:
+            os.chown(p, pw.pw_uid, pw.pw_gid)
+        for parent in self.data_dir.resolve().parents:
+            if not parent.stat().st_mode & 0o001:
+                raise ServiceError(f"PostgreSQL runs as the `postgres` user, which cannot reach {self.data_dir}: "
+                                   f"{parent} is closed to other users. Choose a data directory under a path it "
+                                   f"can pass through (e.g. --postgres /var/tmp/ragen-pg), or allow it yourself "
+                                   f"(`chmod o+x {parent}`)")
+
+    def _initdb(self) -> None:
+        """A new cluster whose superuser ``user`` has the password (initdb reads it from a file the server's user
+        can read, removed right after)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="ragen-pg-init-") as tmp:
+            pwfile = Path(tmp) / "pw"
+            pwfile.write_text(self.password + "\n")
+            pwfile.chmod(0o600)
+            if os.geteuid() == 0:
+                pw = self._postgres_user()
+                for f in (Path(tmp), pwfile):
+                    os.chown(f, pw.pw_uid, pw.pw_gid)
+            self._run([pg_bin("initdb"), "-D", str(self.data_dir), "-U", self.user, "--auth=scram-sha-256",
+                       f"--pwfile={pwfile}", "-E", "UTF8", "--no-instructions"], "initdb")
+
+    def _hba(self) -> Path:
+        return self.data_dir / "pg_hba.conf"
+
+    @staticmethod
+    def _trusts(line: str) -> bool:
+        """A pg_hba.conf rule (not a comment) whose method is ``trust``."""
+        return not line.lstrip().startswith("#") and line.split()[-1:] == ["trust"]
+
+    def _trusting(self) -> bool:
+        """A cluster made by an earlier version of this file (``--auth=trust``)."""
+        return any(self._trusts(ln) for ln in self._hba().read_text().splitlines())
+
+    def _require_passwords(self) -> None:
+        """Give an old trust-authenticated cluster the password and switch it to SCRAM (it is running)."""
+        import psycopg2
+        from psycopg2 import sql
+
+        con = psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname="postgres")
+        try:
+            con.autocommit = True
+            with con.cursor() as cur:
+                cur.execute(sql.SQL("ALTER ROLE {} PASSWORD %s").format(sql.Identifier(self.user)), (self.password,))
+        finally:
+            con.close()
+        lines = [ln.rsplit("trust", 1)[0] + "scram-sha-256" if self._trusts(ln) else ln
+                 for ln in self._hba().read_text().splitlines()]
+        self._hba().write_text("\n".join(lines) + "\n")
+        self._run([pg_bin("pg_ctl"), "-D", str(self.data_dir), "reload"], "reload")
 
     def _run(self, args: list[str], what: str) -> subprocess.CompletedProcess:
         r = subprocess.run(_as_owner(args), capture_output=True, text=True, timeout=self.startup_timeout)
@@ -136,18 +219,20 @@ class LocalPostgres(Service):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._owned()
         if not (self.data_dir / "PG_VERSION").is_file():
-            self._run([pg_bin("initdb"), "-D", str(self.data_dir), "-U", self.user, "--auth=trust", "-E", "UTF8",
-                       "--no-instructions"], "initdb")
+            self._initdb()
         self._run([pg_bin("pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log), "-w",
                    "-t", str(int(self.startup_timeout)), "-o",
                    f"-p {self.port} -k {self.data_dir} -c listen_addresses=127.0.0.1", "start"], "start")
+        if self._trusting():
+            self._require_passwords()
         self._create_db()
         return self
 
     def _create_db(self) -> None:
         import psycopg2
 
-        con = psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname="postgres")
+        con = psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname="postgres",
+                               password=self.password)
         try:
             con.autocommit = True
             with con.cursor() as cur:
@@ -160,7 +245,8 @@ class LocalPostgres(Service):
     def query(self, sql: str) -> list[tuple]:
         import psycopg2
 
-        con = psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname=self.db)
+        con = psycopg2.connect(host="127.0.0.1", port=self.port, user=self.user, dbname=self.db,
+                               password=self.password)
         try:
             with con.cursor() as cur:
                 cur.execute(sql)
@@ -184,6 +270,7 @@ class LocalMLflowServer(Service):
     port: int = field(default_factory=free_port)
     log: Path | None = None
     startup_timeout: float = 120.0
+    env: dict[str, str] = field(default_factory=dict)  # e.g. LocalPostgres.client_env
     proc: subprocess.Popen | None = None
 
     @property
@@ -200,7 +287,8 @@ class LocalMLflowServer(Service):
                 "--artifacts-destination", str(self.artifacts.resolve()), "--host", "127.0.0.1",
                 "--port", str(self.port), "--workers", "1"]
         with log.open("ab") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env={**os.environ, **self.env})
         t0 = time.monotonic()
         while not healthy(self.url):
             if self.proc.poll() is not None:

@@ -69,7 +69,50 @@ def store_opening_lock(uri: str) -> Iterator[None]:
     db.parent.mkdir(parents=True, exist_ok=True)
     with db.with_name(db.name + ".lock").open("a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        check_sqlite_store(db)
         yield
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _drop_cached_stores() -> None:
+    """Forget MLflow's cached stores and their SQLAlchemy engines (mlflow 3.17 keeps both for the process)."""
+    from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore as RegistryStore
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore as TrackingStore
+    from mlflow.tracking._model_registry.registry import ModelRegistryStoreRegistry
+    from mlflow.tracking._tracking_service.registry import TrackingStoreRegistry
+
+    TrackingStoreRegistry._get_store_with_resolved_uri.cache_clear()
+    ModelRegistryStoreRegistry._get_store_with_resolved_uri.cache_clear()
+    for store in (TrackingStore, RegistryStore):
+        with store._engine_map_lock:
+            for engine in store._engine_map.values():
+                engine.dispose()
+            store._engine_map.clear()
+
+
+_SEEN: dict[Path, tuple[int, int] | None] = {}  # store file -> (device, inode) when this process last opened it
+
+
+def check_sqlite_store(db: Path) -> None:
+    """A store file that is not an SQLite database (damaged, overwritten) is an error naming the fix, instead of
+    an SQLAlchemy traceback on every call. MLflow keeps one store, with its database connection, per URI for the
+    life of the process: when the file was moved aside or replaced since this process opened it (a long-running
+    worker after the fix this error names), those stores are dropped so the new file is the one used."""
+    st = db.stat() if db.exists() else None
+    ident = (st.st_dev, st.st_ino) if st is not None else None
+    if _SEEN.get(db) is not None and _SEEN[db] != ident:
+        _drop_cached_stores()
+    _SEEN[db] = ident
+    if db.is_file() and st.st_size > 0:
+        with db.open("rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+        if head != SQLITE_HEADER:
+            raise RuntimeError(f"the MLflow store {db} is not an SQLite database (damaged or overwritten), so "
+                               f"nothing can be logged to it; training goes on. Move it aside (`mv {db} "
+                               f"{db}.damaged`) or restore it from a backup: the next start of each run logs its "
+                               f"completed iterations to the store again from their metrics.json")
 
 
 def git_commit(where: Path | None = None) -> str:
@@ -116,8 +159,15 @@ def start_tracking(cfg: Config, run: RunDir) -> str:
     if id_file.is_file():
         run_id, _, uri = id_file.read_text().strip().partition("\n")
         if uri in ("", cfg.tracking.mlflow_tracking_uri):  # else: logged elsewhere now, start a run there
-            client.update_run(run_id, status="RUNNING")
-            return run_id
+            from mlflow.exceptions import MlflowException
+
+            try:
+                client.update_run(run_id, status="RUNNING")
+                return run_id
+            except MlflowException as e:  # the store lost it (a damaged mlflow.db replaced by a new one)
+                if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+    # a new MLflow run; with the ledger gone, the next logged iteration brings every completed one before it
     r = client.create_run(experiment_id(client, cfg), run_name=run.root.name,
                           tags={**run_tags(client, cfg, str(run.root), git_commit()), **precision_tags(cfg)})
     # the id first: a retry after a failed params batch must reuse this run, not create a second one

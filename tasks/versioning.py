@@ -73,6 +73,37 @@ def check_remote(cfg: Config, run: RunDir) -> str:
     return name
 
 
+def check_resume_data(run: RunDir) -> list[Path]:
+    """Before a continuation builds on them: the last completed iteration's folder and checkpoint, where DVC
+    versioned them, still hold the bytes their pointers recorded (bit rot, an edit through a hardlink into the
+    cache). A difference stops the start with the repair; returns what could not be checked (no listing in the
+    cache)."""
+    from dvc.repo import Repo
+
+    from tasks.dvc_verify import differs_from_pointer
+
+    done = run.completed()
+    if not done:
+        return []
+    with Repo(str(dvc_root(run))) as repo:
+        cache = Path(repo.cache.local.path)
+    unchecked = []
+    for path in (run.iteration(done[-1]), run.state(done[-1])):
+        bad = differs_from_pointer(path, cache)
+        if bad is None:
+            if run.is_versioned(path):
+                unchecked.append(path)
+            continue
+        if bad:
+            pointer = run.pointer(path)
+            raise VersioningError(
+                f"run {run.root}: {path} no longer matches its DVC pointer {pointer} ({len(bad)} file(s) differ: "
+                f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); it was damaged after it was versioned, and "
+                f"the run will not continue from it. Restore it: `ragen runs verify` (repairs DVC's cache from the "
+                f"remote), then `dvc checkout --force {pointer}`, and run the same command again")
+    return unchecked
+
+
 def pending(run: RunDir, k: int, last: int, checkpoint_every: int) -> list[Path]:
     """What is not yet versioned up to iteration k: run-level files, completed data folders, and the
     checkpoints the rule versions (checkpoint iterations, the last, the best) that are still on disk."""

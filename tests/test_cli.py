@@ -71,3 +71,17 @@ def test_rollout_command_bad_mode():
 def test_models_prepare_tiny():
     res = runner.invoke(app, ["models", "prepare", "--base", "tiny-random-llama"])
     assert res.exit_code == 0 and "tiny-random-llama: ready at" in res.output
+
+
+def test_sigterm_stops_like_ctrl_c_inside_the_context_only():
+    import os
+    import signal
+    import time
+
+    from cli.common import sigterm_as_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # not reached: the handler raises as soon as the signal arrives
+    assert signal.getsignal(signal.SIGTERM) is before

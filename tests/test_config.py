@@ -165,3 +165,14 @@ def test_a_run_config_with_removed_keys_still_loads(tmp_path):
     assert load_config(p).algorithm.kl_coef == 0.0
     with pytest.raises(ConfigError, match="kl_ctrl"):
         load_config(None, [], ["algorithm.kl_ctrl=adaptive"])
+
+
+@pytest.mark.unit
+def test_a_matrix_item_names_one_grid_run():
+    from ragen.experiments import Grid
+
+    g = Grid(seeds=(0, 1), run=("granularity-1", "granularity-5"))
+    assert g.run_of_item("granularity-1-0") == ("granularity-1", 0)
+    assert g.run_of_item("granularity-5-1") == ("granularity-5", 1)
+    with pytest.raises(KeyError, match="granularity-5-0"):
+        g.run_of_item("granularity-5-2")

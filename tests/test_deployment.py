@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from listening import listen_addresses
 from test_loop import TINY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
@@ -27,6 +28,7 @@ def test_prefect_deployment_run_completes(tmp_path, mode, monkeypatch):
             f"tracking.mlflow_artifact_location={tmp_path / 'mla'}"]
     with LocalPrefect(port=free_port(), mode=mode, home=tmp_path / "prefect", cwd=ROOT,
                       logs=tmp_path / "logs") as local:
+        assert listen_addresses(local.port) == {"127.0.0.1"}  # the Prefect API server is not reachable from outside
         args = [_bin("prefect"), "deployment", "run", DEPLOYMENT, "--param", "run_name=dep",
                 "--param", "params=null", "--param", 'preset=["cpu-small"]', "--param", "iterations=1",
                 "--param", f"overrides={json.dumps(over)}", "--watch", "--watch-timeout", "1200"]

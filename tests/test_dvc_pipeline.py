@@ -50,3 +50,24 @@ def test_prepare_model_manifest_hashes_the_weights(tmp_path):
     assert m["base"] == "tiny-random-llama" and Path(m["path"]).is_dir()
     weights = [k for k in m["sha256"] if k.endswith(".safetensors")]
     assert weights and all(len(m["sha256"][k]) == 64 for k in weights)
+
+
+def test_no_params_value_reaches_a_shell_through_a_stage_command():
+    """DVC runs each cmd through a shell: a params.yaml value spliced into one (``${experiments.scale}``,
+    ``${item.name}``) would be shell code. The matrix stages pass their quoted stage name instead."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        assert "${" not in stage["cmd"], name
+    for name in ("ablation-train", "ablation-eval"):
+        assert stages[name]["cmd"].endswith('--stage "$DVC_STAGE"'), name
+
+
+@pytest.mark.parametrize("cmd", ["train", "eval"])
+def test_a_stage_name_that_is_no_grid_run_is_refused(cmd, tmp_path):
+    ragen = str(Path(sys.executable).with_name("ragen"))
+    params = tmp_path / "params.yaml"
+    params.write_text("experiments:\n  scale: cpu-small\n  seeds: [0]\n  run: [granularity-1]\n")
+    out = subprocess.run([ragen, "grid", cmd, "--params", str(params), "--stage", "ablation-train@x; touch pwned-0"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode != 0 and "is not one run of the grid" in out.stderr and "granularity-1-0" in out.stderr
+    assert not (tmp_path / "pwned-0").exists()

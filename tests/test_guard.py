@@ -29,6 +29,16 @@ def test_signals_and_streak_by_hand():
 
 
 @pytest.mark.unit
+def test_an_iteration_of_only_non_finite_steps_counts_whatever_signals_are_chosen():
+    storm, some, none = {"actor/skipped": 1.0}, {"actor/skipped": 0.5}, {"actor/skipped": 0.0}
+    assert guard.signals_on(storm, ["grad_spike"]) == ["nonfinite_steps"]
+    assert guard.signals_on({**storm, "echo/grad_spike": 1.0}, ["grad_spike"]) == ["grad_spike", "nonfinite_steps"]
+    assert guard.signals_on(some, ["grad_spike"]) == [] and guard.signals_on(none, ["std_collapse"]) == []
+    assert guard.streak([none, storm, storm], ["std_collapse"]) == 2
+    assert guard.streak([storm, some], ["std_collapse"]) == 0
+
+
+@pytest.mark.unit
 def test_entropy_rise_is_the_blow_up_direction_only():
     from ragen.algos.echo_trap import echo_trap
 
@@ -95,6 +105,37 @@ def test_roll_back_archives_and_resumes_from_the_healthy_checkpoint(tmp_path):
     assert guard.effective_config(cfg, guard.GuardState.read(run)).critic.lr == pytest.approx(cfg.critic.lr / 4)
     with pytest.raises(guard.GuardGaveUp, match=r"guard\.max_rollbacks=2"):
         guard.roll_back(run, cfg, guard.GuardState.read(run), at=2, first_bad=2, signals=["grad_spike"])
+
+
+@pytest.mark.unit
+def test_a_crash_inside_a_rollback_is_finished_on_the_next_start(tmp_path, monkeypatch):
+    """The rollback is recorded before anything moves and archives newest first: killed after moving one
+    iteration, the run still has a prefix of complete iterations, and the next start finishes the rollback."""
+    from ragen.run.loop import open_run
+
+    cfg = cfg_with(f"trainer.run_dir={tmp_path}", "trainer.total_training_steps=8")
+    run = fake_run(tmp_path, range(5), [0, 1, 2, 3, 4])
+    run.bind_config(cfg)
+    real, moved = guard._archive, []
+
+    def dies_after_one(run_, k, dest):
+        if moved:
+            raise KeyboardInterrupt  # the process is killed here
+        real(run_, k, dest)
+        moved.append(k)
+
+    monkeypatch.setattr(guard, "_archive", dies_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        guard.roll_back(run, cfg, guard.GuardState(), at=4, first_bad=3, signals=["std_collapse"])
+    assert moved == [4] and run.completed() == [0, 1, 2, 3]  # no hole: a restart could still read it
+    assert guard.GuardState.read(run).rollbacks[0].pending
+    monkeypatch.setattr(guard, "_archive", real)
+    _, rt, start = open_run(cfg, "run")
+    assert start == 2 and rt.resume == run.state(1) and run.completed() == [0, 1]
+    (event,) = guard.GuardState.read(run).rollbacks
+    assert not event.pending and (event.at, event.to) == (4, 1)
+    assert sorted(p.name for p in (run.root / event.archived).iterdir()) == [
+        "checkpoint_00002", "checkpoint_00003", "checkpoint_00004", "iter_00002", "iter_00003", "iter_00004"]
 
 
 @pytest.mark.unit

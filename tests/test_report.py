@@ -143,7 +143,6 @@ def test_series_group_keys_into_families_with_nan_gaps():
 
 
 def test_plots_are_png_files_for_present_families_only(tmp_path):
-    pytest.importorskip("matplotlib")
     paths = plot_training_curves(METRICS, tmp_path / "plots")
     assert [p.name for p in paths] == ["score.png", "success.png", "entropy.png", "grad_norm.png"]
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted(p.name for p in paths)

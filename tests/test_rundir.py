@@ -158,6 +158,44 @@ def test_storage_failures_say_what_is_intact_and_how_to_resume(tmp_path):
     assert storage_failure(run, ValueError("not storage")) is None
 
 
+def test_an_io_error_that_also_hides_the_run_directory_is_still_explained(tmp_path, monkeypatch):
+    import errno
+
+    run = RunDir.at(tmp_path, "r")
+    eio = OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(RunDir, "completed", lambda self: (_ for _ in ()).throw(eio))
+    msg = storage_failure(run, OSError(errno.EIO, "Input/output error", str(run.iteration(1) / "x")))
+    assert "Input/output error" in msg and "cannot be read now" in msg and "dmesg" in msg
+    assert "resumes after the last iteration that reached the disk complete" in msg
+
+
+def test_an_iteration_reaches_the_disk_before_its_marker(tmp_path, monkeypatch):
+    """The commit point is durable: every file of the iteration (and the run's own files) is fsync'd before the
+    COMPLETE marker is written, and the marker and the folders holding it after."""
+    import os
+
+    run = RunDir.at(tmp_path, "r")
+    d = run.iteration(0)
+    (d / "sub").mkdir(parents=True)
+    for p in (d / "metrics.json", d / "sub" / "rollouts.parquet", run.root / "config.yaml"):
+        p.write_text("x")
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    run.mark_complete(0, {"k": 0})
+    marker = synced.index(str(d / "COMPLETE.tmp"))  # written beside, fsync'd, renamed over
+    before = set(synced[:marker])
+    assert {str(d / "metrics.json"), str(d / "sub" / "rollouts.parquet"), str(d / "sub"), str(d),
+            str(run.root / "config.yaml")} <= before
+    assert synced[marker + 1:] == [str(d), str(run.root), str(tmp_path)]  # the names: marker, iteration, run
+    assert run.completed() == [0]
+
+
 def test_a_damaged_metrics_file_is_named_with_its_restore(tmp_path):
     run = RunDir.at(tmp_path, "r")
     complete(run, 0)

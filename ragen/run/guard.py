@@ -30,9 +30,18 @@ class GuardGaveUp(RuntimeError):
     """The run collapsed again after the allowed rollbacks."""
 
 
+# Not a setting: an iteration in which every actor step was skipped for a non-finite loss or gradient (a NaN/inf
+# storm: ragen.train.update skips such steps, so the weights stay clean) trained nothing. When that persists it is
+# a collapse whichever Echo Trap signals are chosen, and the Echo Trap statistics themselves go NaN then.
+NONFINITE = "nonfinite_steps"
+SKIPPED = "actor/skipped"  # the share of the iteration's actor steps skipped as non-finite
+
+
 def signals_on(diag: Mapping[str, float], signals: Sequence[str]) -> list[str]:
-    """The configured signals whose Echo Trap flag is on in one iteration's metrics."""
-    return [s for s in signals if diag.get(SIGNALS[s], 0.0) >= 1.0 and math.isfinite(diag.get(SIGNALS[s], 0.0))]
+    """The configured signals whose Echo Trap flag is on in one iteration's metrics, and ``nonfinite_steps`` when
+    no actor step of the iteration had a finite loss and gradient."""
+    on = [s for s in signals if diag.get(SIGNALS[s], 0.0) >= 1.0 and math.isfinite(diag.get(SIGNALS[s], 0.0))]
+    return [*on, NONFINITE] if diag.get(SKIPPED, 0.0) >= 1.0 else on
 
 
 def streak(history: Sequence[Mapping[str, float]], signals: Sequence[str]) -> int:
@@ -53,6 +62,7 @@ class Rollback:
     lr_factor: float  # cumulative learning-rate factor from this rollback on
     overrides: list[str]
     archived: str  # where the rolled-back iterations went, relative to the run directory
+    pending: bool = False  # recorded, its iterations not all archived yet (a crash in between: finished on restart)
 
 
 @dataclass
@@ -121,14 +131,32 @@ def roll_back(run: RunDir, cfg: Config, state: GuardState, at: int, first_bad: i
     n = len(state.rollbacks) + 1
     dest = run.root / ARCHIVE / f"rollback-{n}"
     dest.mkdir(parents=True, exist_ok=True)
-    for k in range(to + 1, at + 1):
-        _archive(run, k, dest)
     event = Rollback(at=at, to=to, signals=list(signals), lr_factor=state.lr_factor * g.lr_scale,
-                     overrides=list(g.overrides),
-                     archived=str(dest.relative_to(run.root)))
+                     overrides=list(g.overrides), archived=str(dest.relative_to(run.root)), pending=True)
     state.rollbacks.append(event)
+    state.write(run)  # the intent first: a crash while archiving is finished by the next start
+    _archive_after(run, event)
+    event.pending = False
     state.write(run)
     return event
+
+
+def _archive_after(run: RunDir, event: Rollback) -> None:
+    """Move the iterations after ``event.to`` into its archive, newest first (a crash in between leaves the
+    completed ones a prefix 0..j, never a hole); what already moved is skipped."""
+    for k in range(event.at, event.to, -1):
+        _archive(run, k, run.root / event.archived)
+
+
+def finish_pending(run: RunDir) -> None:
+    """Complete a rollback a crash interrupted (recorded in guard.json, not all archived): before the run's
+    resume point is read, whether or not the guard is on now."""
+    state = GuardState.read(run)
+    for event in state.rollbacks:
+        if event.pending:
+            _archive_after(run, event)
+            event.pending = False
+            state.write(run)
 
 
 def _archive(run: RunDir, k: int, dest: Path) -> None:

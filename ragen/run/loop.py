@@ -37,6 +37,7 @@ def open_run(cfg: Config, name: str) -> tuple[RunDir, Runtime, int]:
     the remedies of the collapse guard's earlier rollbacks (guard.json) applied."""
     run = RunDir.at(cfg.trainer.run_dir, name)
     run.bind_config(cfg)
+    guard.finish_pending(run)  # a rollback a crash interrupted, before the resume point is read
     start = run.next_iteration()
     for j in range(start):  # a damaged metrics.json (the guard and the diagnostics read them) fails before loading
         run.metrics(j)

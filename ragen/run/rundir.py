@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from ragen.config import Config, config_to_dict, flatten, in_schema
-from ragen.io import write_text_atomic
+from ragen.io import fsync_path, sync_tree, write_text_atomic
 from ragen.run.identity import RESUME_FREE, identity
 
 MARKER = "COMPLETE"
@@ -167,7 +167,16 @@ class RunDir:
         return f"run {self.root}: iteration {k} is complete but {problem}; {restore}, or {back}"
 
     def mark_complete(self, k: int, record: dict[str, Any]) -> None:
-        (self.iteration(k) / MARKER).write_text(json.dumps(record, sort_keys=True) + "\n")
+        """The commit point of iteration k: its files and the run's own (config, guard state) reach the disk before
+        the marker does, so a power cut or a dead disk never leaves a marker over missing or empty files."""
+        d = self.iteration(k)
+        sync_tree(d)
+        for p in self.root.iterdir():
+            if p.is_file() and not p.is_symlink():
+                fsync_path(p)
+        write_text_atomic(d / MARKER, json.dumps(record, sort_keys=True) + "\n")
+        fsync_path(self.root)  # the iteration's own name, and the run's in its parent (made at the first start)
+        fsync_path(self.root.parent)
 
     # -- config ---------------------------------------------------------------------------------------------
     def bind_config(self, cfg: Config) -> None:

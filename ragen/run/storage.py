@@ -26,9 +26,17 @@ def storage_failure(run: RunDir, e: BaseException) -> str | None:
         return None
     else:
         e = OSError(next(n for n in STORAGE_ERRNOS if os.strerror(n) in str(e)), f"{type(e).__name__}: {e}")
-    done = run.completed()
-    kept = (f"iterations 0..{done[-1]} are complete and intact" if done else "no iteration had completed")
     where = f" ({e.filename})" if e.filename else ""
-    return (f"run {run.root}: a write failed{where}: {e.strerror or e}; {kept}. Free space or fix the "
-            f"permissions of {run.root}, then run the same command again: it resumes at iteration "
-            f"{len(done)}")
+    fix = {errno.ENOSPC: f"Free space on the file system of {run.root}", errno.EDQUOT: "Raise the quota or free space",
+           errno.EFBIG: "Raise the file size limit (ulimit -f)",
+           errno.EIO: "The device reported an I/O error: check it (dmesg), then unmount and mount it again"
+           }.get(e.errno, f"Make {run.root} writable (a read-only mount, its permissions)")
+    try:
+        done = run.completed()
+    except OSError as unreadable:  # the same device refuses reads too (a dead disk, a file system shut down)
+        return (f"run {run.root}: a write failed{where}: {e.strerror or e}, and the run directory cannot be read now "
+                f"({unreadable.strerror}). {fix}; then run the same command again: it resumes after the last "
+                f"iteration that reached the disk complete")
+    kept = (f"iterations 0..{done[-1]} are complete and intact" if done else "no iteration had completed")
+    return (f"run {run.root}: a write failed{where}: {e.strerror or e}; {kept}. {fix}, then run the same command "
+            f"again: it resumes at iteration {len(done)}")

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ragen.io import fsync_path, sync_tree, write_text_atomic
+
 COMPLETE = "checkpoint-complete"  # also ragen.run.rundir.STATE_MARKER (kept light: no torch import there)
 
 
@@ -52,9 +54,11 @@ def write_checkpoint(path: str | Path, *, rank: int, world: int, write_files: Ca
             save_engine_state(engine, tmp / "deepspeed" / name)
     _barrier(world)
     if rank == 0:
-        (tmp / COMPLETE).write_text(f"{time.time()}\n")
+        sync_tree(tmp)  # every file on the disk before the marker says so (a power cut keeps a complete checkpoint)
+        write_text_atomic(tmp / COMPLETE, f"{time.time()}\n")
         if path.exists():
             shutil.rmtree(path)
         tmp.rename(path)
+        fsync_path(path.parent)
     _barrier(world)
     return path

@@ -21,6 +21,7 @@ LEDGER: list[Fault] = []
 class Fault:
     name: str
     test: str
+    kind: str = "real"  # real: the fault happens (a signal, a bad file, a dead server); simulated: code pretends it
     survived: bool = False
     guarded: dict[str, str] = field(default_factory=dict)  # path -> sha256 of completed data before the fault
     lost: list[str] = field(default_factory=list)
@@ -54,8 +55,9 @@ def completed_data(run_root: Path) -> dict[str, str]:
 
 @pytest.fixture
 def fault(request):
-    def declare(name: str) -> Fault:
-        f = Fault(name, request.node.nodeid)
+    def declare(name: str, kind: str = "real") -> Fault:
+        assert kind in ("real", "simulated"), kind
+        f = Fault(name, request.node.nodeid, kind)
         LEDGER.append(f)
         request.node.faults = [*getattr(request.node, "faults", []), f]
         return f
@@ -75,10 +77,12 @@ def pytest_runtest_makereport(item, call):
 
 
 def summary() -> dict:
-    return {"faults_tried": len(LEDGER), "survived": sum(f.survived for f in LEDGER),
+    return {"faults_tried": len(LEDGER), "real": sum(f.kind == "real" for f in LEDGER),
+            "simulated": sum(f.kind == "simulated" for f in LEDGER), "survived": sum(f.survived for f in LEDGER),
             "data_lost": sum(len(f.lost) for f in LEDGER),
             "guarded_files": sum(len(f.guarded) for f in LEDGER),
-            "faults": [{"name": f.name, "test": f.test, "survived": f.survived, "guarded_files": len(f.guarded),
+            "faults": [{"name": f.name, "test": f.test, "kind": f.kind, "survived": f.survived,
+                        "guarded_files": len(f.guarded),
                         "lost": f.lost} for f in LEDGER]}
 
 
@@ -88,9 +92,10 @@ def pytest_terminal_summary(terminalreporter):
     s = summary()
     terminalreporter.write_sep("-", "fault injection")
     for f in s["faults"]:
-        terminalreporter.write_line(f"{'survived' if f['survived'] else 'FAILED  '}  {f['name']}  "
+        terminalreporter.write_line(f"{'survived' if f['survived'] else 'FAILED  '}  {f['kind']:9s}  {f['name']}  "
                                     f"(guarded {f['guarded_files']} files, lost {len(f['lost'])})")
-    terminalreporter.write_line(f"faults tried {s['faults_tried']}, survived {s['survived']}, data lost "
+    terminalreporter.write_line(f"faults tried {s['faults_tried']} ({s['real']} real, {s['simulated']} simulated), "
+                                f"survived {s['survived']}, data lost "
                                 f"{s['data_lost']} of {s['guarded_files']} guarded files")
 
 

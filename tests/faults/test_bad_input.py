@@ -56,7 +56,8 @@ def test_missing_model_files_are_named(tmp_path, fault):
 def test_disk_full_then_corrupted_checkpoint(tmp_path, monkeypatch, fault):
     import pandas as pd
 
-    full, damaged = fault("write failure (disk full) on the run directory"), fault("corrupted checkpoint")
+    full = fault("write failure (disk full) on the run directory", "simulated")  # a patched writer raises ENOSPC
+    damaged = fault("corrupted checkpoint")
     run = tmp_path / "r"
     real = pd.DataFrame.to_parquet
 

@@ -3,6 +3,7 @@ SIGKILL while iteration 0 is being pushed, then damaged files of completed itera
 pushes what the kill left behind (no lock left stuck), and a damaged table or metrics file is named with the
 `dvc checkout` that restores it, byte for byte."""
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from damage import flip, pull_back_from_remote_alone
 from test_loop import TINY
 
 from ragen.rollout.table import read_rollouts
@@ -65,6 +67,17 @@ def test_sigkill_during_dvc_push_then_damaged_files_are_restored(prefect_api, dv
 
     with Repo(str(dvc_repo)) as repo:  # and the remote has every object (iteration 0's too)
         assert repo.status(targets=[str(t) for t in pointers(run)], cloud=True) == {}
+    # ... with the right content: each object's bytes hash to its name (files/md5/ab/cdef..., `.dir` listings too),
+    # so none is a half-written copy the kill left behind
+    # (DVC uploads to a hidden `.<random>.tmp` beside the object and renames it: the kill may leave one, which no
+    # pointer names; `ragen runs verify` lists such leftovers)
+    objects = [f for f in (remote / "files" / "md5").rglob("*") if f.is_file() and not f.name.startswith(".")]
+    assert len(objects) >= 10
+    for f in objects:
+        assert hashlib.md5(f.read_bytes()).hexdigest() == f.parent.name + f.name.removesuffix(".dir"), f
+    # and iteration 0 comes back from the remote alone, byte for byte
+    pull_back_from_remote_alone(dvc_repo, run, 0)
+    assert killed.lost_now() == []
     assert {q.name for q in pointers(run)} >= {"iter_00000.dvc", "iter_00001.dvc", "config.yaml.dvc"}
 
     table = run.iteration(0) / "rollouts.parquet"
@@ -85,3 +98,28 @@ def test_sigkill_during_dvc_push_then_damaged_files_are_restored(prefect_api, dv
     assert out.returncode == 0, out.stderr
     assert parquet.lost_now() == [] and metrics.lost_now() == []
     assert len(read_rollouts(table)) == 8
+
+    # the checkpoint a continuation starts from, rotted in place after it was versioned (the cache object it is
+    # hardlinked to with it): the start refuses it by hash, naming the file and the repair, before loading it
+    rotted = fault("checkpoint damaged after versioning (checked against its DVC pointer before a resume)")
+    state = run.state(1)
+    pulled = subprocess.run([DVC, "fetch", str(run.pointer(state))], cwd=dvc_repo, capture_output=True, text=True)
+    assert pulled.returncode == 0, pulled.stderr  # its listing back in the cache (cleared above)
+    weights = state / "actor" / "model.safetensors"
+    rotted.guard(*[f for f in state.rglob("*") if f.is_file()])
+    flip(weights)
+    r = subprocess.run(train_cmd(dvc_repo, tmp_path, 3), cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"{state} no longer matches its DVC pointer" in r.stderr and "actor/model.safetensors" in r.stderr
+    assert run.completed() == [0, 1]
+    fixed = subprocess.run([str(Path(sys.executable).with_name("ragen")), "runs", "verify", "--repo", str(dvc_repo)],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    out = subprocess.run([DVC, "checkout", "--force", str(run.pointer(state))], cwd=dvc_repo, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr
+    assert rotted.lost_now() == []
+    r = subprocess.run(train_cmd(dvc_repo, tmp_path, 3), cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0 and "completed iterations 2..2" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]

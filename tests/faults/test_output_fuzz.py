@@ -40,6 +40,7 @@ def fragments(tokenizer, kind):
 
 
 KINDS = ["special tokens", "huge outputs", "up to 10k actions", "invalid UTF-8", "random token ids"]
+LONG = ("huge outputs", "up to 10k actions")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -48,8 +49,10 @@ def test_adversarial_output_through_the_rollout_path(tokenizer, renderer, tmp_pa
     cfg = load_config(None, ["cpu-small"], [
         "envs.train.tags=[SimpleSokoban, FrozenLake, Bandit]", "envs.train.n_groups=[1, 1, 1]",
         "envs.train.group_size=2", "agent.max_turn=3", "agent.max_actions_per_turn=5", "agent.enable_think=true",
-        "rollout.response_length=64", "algorithm.filter_ratio=0.5", "actor.ppo_mini_batch_size=2",
-        "critic.ppo_mini_batch_size=2"])
+        "algorithm.filter_ratio=0.5", "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2",
+        # the long kinds reach the parser whole (a 64-token cap would cut them first); the others keep a short cap
+        *(["rollout.response_length=50000", "rollout.max_model_len=200000"] if kind in LONG
+          else ["rollout.response_length=64"])])
 
     @settings(max_examples=10, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(replies=st.lists(fragments(tokenizer, kind), min_size=1, max_size=6))
@@ -57,6 +60,8 @@ def test_adversarial_output_through_the_rollout_path(tokenizer, renderer, tmp_pa
         engine = ScriptedEngine(tokenizer, lambda call, prompt: replies[call % len(replies)])
         df = collect(cfg, engine, renderer, progress=False).rollouts
         assert len(df) == 6
+        if kind in LONG:  # the first reply came back whole: not cut before the parser saw it
+            assert len(engine.log[0][1]) >= len(tokenizer.encode(replies[0], add_special_tokens=False))
         for _, row in df.iterrows():
             n = int(row["length"])
             assert len(row["input_ids"]) == len(row["loss_mask"]) == len(row["sampled_logprobs"]) == n
