@@ -21,8 +21,10 @@ from cli.common import (
 )
 
 
-def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>; an existing run continues; "
-                                                          "'auto' = named after the config's hash")] = "default",
+def train_cmd(run: Annotated[str, typer.Option("--run", "--run-name",
+                                               help="run name: runs/<name>; an existing run continues; 'auto' = "
+                                                    "named after the config's hash (--run-name under torchrun, "
+                                                    "whose own options make --run ambiguous)")] = "default",
               iterations: Annotated[int | None, typer.Option(help="total iterations (trainer.total_training_steps)")]
               = None,
               params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None,
@@ -40,10 +42,16 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
               sweep: Annotated[str | None, typer.Option(help="MLflow parent run the experiment's run is a child "
                                                         "of")] = None,
               ) -> None:
-    """Train (or continue) a run: rollouts -> update -> eval per iteration, each iteration saved under runs/."""
+    """Train (or continue) a run: rollouts -> update -> eval per iteration, each iteration saved under runs/.
+    Under `torchrun` / `deepspeed` every rank runs this same command: rank 0 runs the loop, the others hold their
+    share of the update."""
     from ragen.run.guard import GuardGaveUp
     from ragen.run.loop import with_iterations
     from ragen.run.rundir import ResumeError, RunDir
+    from ragen.train.ranks import LaunchError, launched, launcher_rank, leading
+
+    if launched() and launcher_rank() != 0:
+        _follow()
 
     if experiment is not None:
         r = resolve_experiment(experiment, scale, seed, overrides, sweep)
@@ -58,16 +66,16 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
         RunDir.at(cfg.trainer.run_dir, run)
     except ValueError as e:
         fail(f"--run: {e}")
-    errors: tuple[type[Exception], ...] = (ResumeError, GuardGaveUp, FileNotFoundError)
+    errors: tuple[type[Exception], ...] = (ResumeError, GuardGaveUp, FileNotFoundError, LaunchError)
     try:
         # a line per iteration on stderr: the flow's own log goes to Prefect, the plain loop prints nothing
-        with sigterm_as_interrupt(), iteration_progress(Path(cfg.trainer.run_dir) / run,
+        with leading(), sigterm_as_interrupt(), iteration_progress(Path(cfg.trainer.run_dir) / run,
                                                          cfg.trainer.total_training_steps):
             if prefect:
                 from flows.train_loop import train_loop
                 from tasks.versioning import VersioningError
 
-                errors = (ResumeError, GuardGaveUp, VersioningError, FileNotFoundError)
+                errors = (ResumeError, GuardGaveUp, VersioningError, FileNotFoundError, LaunchError)
 
                 out = train_loop(run_name=run, params=str(params) if params else None, preset=preset or [],
                                  overrides=overrides or [], iterations=iterations)
@@ -108,6 +116,15 @@ def train_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<na
     for k in ("val/score", "actor/grad_norm", "timing_s/iteration"):
         if last and k in last:
             typer.echo(f"  {k:24s} {last[k]:.4f}")
+
+
+def _follow() -> NoReturn:
+    """A rank other than 0 of a launch: its share of each trainer call rank 0 makes, until rank 0 is done."""
+    from ragen.train.ranks import follow, launcher_rank
+
+    if not follow():
+        fail(f"rank {launcher_rank()}: rank 0 stopped with an error (its output says which)", 1)
+    raise typer.Exit(0)
 
 
 def _stopped(run_dir: str, run: str) -> NoReturn:

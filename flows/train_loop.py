@@ -85,6 +85,7 @@ def _train(run: RunDir, cfg: Config, run_name: str, params: str | None, preset: 
     log = get_run_logger()
     run.bind_config(cfg)  # refuses a restart with other settings before anything is logged
     if sft_pipeline.needs_build(cfg) and run.next_iteration() == 0:  # model.warm_start=auto: warm-start first
+        sft_pipeline.check_buildable_here()
         log.info("model.warm_start=auto: making the SFT checkpoint %s first", cfg.sft.output)
         sft_flow(params, preset, loop.with_iterations(overrides, iterations), evaluate=False)
     if cfg.tracking.dvc:

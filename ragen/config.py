@@ -337,6 +337,10 @@ class TrackingConfig(_Section):
     registered_model: str | None = Field(None, description="MLflow model name; default: <experiment>-actor")
     dvc: bool = Field(True, description="version every iteration with DVC (the run dir must be in a DVC repo)")
     dvc_remote: str | None = Field(None, description="DVC remote name to push to; default: the repo's core.remote")
+    dvc_push_timeout_s: float = Field(
+        600.0, gt=0, description="a push the remote has not taken after this many seconds is stopped and reported; "
+                                 "the data stays versioned in the local DVC cache, pushes to that remote pause for "
+                                 "10x this time, and the next push sends what was missed")
     dvc_resume_state: Literal["last", "every_checkpoint"] = Field(
         "last", description="which DVC-versioned checkpoints hold the resume state (critic, optimizer and engine "
                             "state: about 2/3 of a checkpoint's bytes): the run's last only, the others holding the "

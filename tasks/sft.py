@@ -35,7 +35,7 @@ def train_sft(cfg: Config, demos: Path) -> tuple[Path, dict[str, float]]:
 def version_sft(cfg: Config, paths: list[Path]) -> dict[str, Any]:
     from tasks.versioning import version_paths
 
-    return version_paths(paths, cfg.tracking.dvc_remote)
+    return version_paths(paths, cfg.tracking.dvc_remote, cfg.tracking.dvc_push_timeout_s)
 
 
 @task(name="log_sft", retries=0, **NO_RESULT)  # a retry would create a second MLflow run; a failure is reported

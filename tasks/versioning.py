@@ -1,7 +1,8 @@
 """DVC versioning of a run directory: after each completed iteration its data folder (and, under the retention
 rule of ragen.run.rundir, its checkpoint) is ``dvc add``-ed and pushed to the repo's remote, so any iteration of
-any run can be checked out later. DVC runs in-process (no CLI start-up per call) and one call at a time: DVC
-allows one command per repo.
+any run can be checked out later. ``dvc add`` runs in-process (no CLI start-up per call); the push runs in a child
+process with a deadline (tasks/dvc_push.py), since a remote can stop answering. One DVC call at a time: DVC allows
+one command per repo.
 
 Safe to retry and to repeat: ``add`` of an unchanged path and ``push`` of objects the remote has are no-ops, and
 each call also versions whatever an earlier, failed or killed call left unversioned."""
@@ -32,6 +33,37 @@ T = TypeVar("T")
 
 class VersioningError(RuntimeError):
     pass
+
+
+class PushStalled(VersioningError):
+    """The remote did not take a push in time; pushes pause for a while, the local versioning goes on."""
+
+
+# after a push times out, pushes to that remote pause for this many times its deadline (then one is tried again):
+# a hung remote then costs at most about 1/11 of the run's time, and a remote that comes back is used again
+STALL_PAUSE_FACTOR = 10
+_stalled: dict[tuple[str, str], tuple[float, str]] = {}  # (repo, remote) -> (pause ends, monotonic; the reason)
+
+
+def push_with_deadline(root: Path, targets: list[str], remote: str | None, timeout_s: float) -> int:
+    """Push ``targets`` unless that remote timed out lately (``PushStalled`` then, and on a new timeout)."""
+    from tasks.dvc_push import PushTimeout, push
+
+    key = (str(root), remote or "")
+    pause = _stalled.get(key)
+    if pause is not None and time.monotonic() < pause[0]:
+        raise PushStalled(f"push skipped: {pause[1]}; pushes to it pause for another "
+                          f"{pause[0] - time.monotonic():.0f} s. The data is versioned in the local DVC cache; a "
+                          f"later push (or `dvc push` in {root}) sends it")
+    try:
+        pushed = push(root, targets, remote, timeout_s)
+    except PushTimeout as e:
+        _stalled[key] = (time.monotonic() + STALL_PAUSE_FACTOR * timeout_s, str(e))
+        raise PushStalled(f"{e}: the remote is not answering. The data is versioned in the local DVC cache; the "
+                          f"next push after {STALL_PAUSE_FACTOR * timeout_s:.0f} s (or `dvc push` in {root}) sends "
+                          f"it") from None
+    _stalled.pop(key, None)
+    return pushed
 
 
 def dvc_root(run: RunDir) -> Path:
@@ -191,19 +223,25 @@ def version(cfg: Config, run: RunDir, k: int, last: int) -> dict[str, float]:
         targets = pending(run, k, last, cfg.trainer.checkpoint_every)
         if cfg.tracking.dvc_resume_state == "last":
             leave_out_resume_state(run, [p for p in targets if p.parent == run.state(0).parent], last)
-        with Repo(str(root)) as repo:
-            if targets:
+        if targets:
+            with Repo(str(root)) as repo:
                 repo.add([str(p.resolve()) for p in targets])
-            pushed = repo.push(targets=[str(p.resolve()) for p in pointers(run)], remote=cfg.tracking.dvc_remote)
-        return len(targets), int(pushed or 0)
+        pushed = push_with_deadline(root, [str(p.resolve()) for p in pointers(run)], cfg.tracking.dvc_remote,
+                                    cfg.tracking.dvc_push_timeout_s)
+        return len(targets), pushed
 
     added, pushed = when_unlocked(root, add_and_push)
     return {"dvc/added": float(added), "dvc/pushed_files": float(pushed), "timing_s/dvc": time.monotonic() - t0}
 
 
-# a hung remote (ssh, s3) must not stall training for ever: after the timeout the call is retried, then reported
-@task(name="version_iteration", retries=2, retry_delay_seconds=2, timeout_seconds=1800, cache_policy=NO_CACHE,
-      persist_result=False)
+def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
+    """A push that timed out is not retried at once: the pause decides when the remote is tried again."""
+    return not isinstance(state.result(raise_on_failure=False), PushStalled)
+
+
+# the push has its own deadline (tracking.dvc_push_timeout_s); other failures (a full remote, the lock) are retried
+@task(name="version_iteration", retries=2, retry_delay_seconds=2, retry_condition_fn=_worth_retrying,
+      cache_policy=NO_CACHE, persist_result=False)
 def version_iteration(cfg: Config, run: RunDir, k: int, last: int) -> dict[str, float]:
     return version(cfg, run, k, last)
 
@@ -216,7 +254,7 @@ def status(run: RunDir) -> dict[str, Any]:
         return repo.status(targets=[str(p.resolve()) for p in pointers(run)])
 
 
-def version_paths(paths: list[Path], remote: str | None = None) -> dict[str, Any]:
+def version_paths(paths: list[Path], remote: str | None = None, push_timeout_s: float = 600.0) -> dict[str, Any]:
     """``dvc add`` + push of files or folders outside run directories (the SFT demos and checkpoint). A path a
     ``dvc.yaml`` stage declares as its output is left to that stage (``dvc repro`` / ``dvc commit``), since DVC
     refuses to track one path twice."""
@@ -240,11 +278,10 @@ def version_paths(paths: list[Path], remote: str | None = None) -> dict[str, Any
                 except OutputNotFoundError:
                     outs = []
                 (staged if any(o.stage.cmd for o in outs) else added).append(str(p.resolve()))
-            pushed = 0
             if added:
                 repo.add(added)
-                pushed = repo.push(targets=[f"{p}.dvc" for p in added], remote=remote)
-        return added, staged, int(pushed or 0)
+        pushed = push_with_deadline(Path(root), [f"{p}.dvc" for p in added], remote, push_timeout_s) if added else 0
+        return added, staged, pushed
 
     added, staged, pushed = when_unlocked(Path(root), add_and_push)
     return {"added": added, "left_to_dvc_yaml": staged, "pushed_files": pushed,

@@ -1,7 +1,8 @@
-"""Deployment `ragen/train-loop`: a real local Prefect server (sqlite in a temp PREFECT_HOME, 127.0.0.1), and
-either the process work pool (infra/prefect/prefect.yaml deployed with `prefect deploy`, a process worker) or the
+"""Deployment `ragen/train-loop`: a real local Prefect server (sqlite in a temp PREFECT_HOME, 127.0.0.1) and the
 process serving the deployment (flow.serve); a run triggered with `prefect deployment run ... --param` must reach
-Completed and leave a completed iteration on disk."""
+Completed and leave a completed iteration on disk. The process work pool (infra/prefect/prefect.yaml deployed with
+`prefect deploy`, a process worker) runs the same flow in tests/faults/test_deployment_kill.py: four triggers,
+killed and finished, its server on loopback."""
 
 import json
 import subprocess
@@ -15,7 +16,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("mode", ["pool", "serve"])
+@pytest.mark.parametrize("mode", ["serve"])
 def test_prefect_deployment_run_completes(tmp_path, mode, monkeypatch):
     from flows.serve import DEPLOYMENT, LocalPrefect, _bin
     from flows.trust import ALLOWED_ROOTS

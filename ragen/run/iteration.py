@@ -18,6 +18,7 @@ from ragen.config import Config
 from ragen.io import write_json
 from ragen.run.retention import prune_states
 from ragen.run.rundir import ResumeError, RunDir
+from ragen.train.ranks import LaunchError
 
 EVAL_INIT = "eval_init.json"
 
@@ -39,7 +40,8 @@ class Runtime:
 
         try:
             return self._open()
-        except (ResumeError, MemoryError, SyncGateError):  # a gate failure is the engine's, not the checkpoint's
+        # a gate failure is the engine's, not the checkpoint's; a launch error is the settings'
+        except (ResumeError, MemoryError, SyncGateError, LaunchError):
             raise
         except Exception as e:  # loaders raise many kinds (SafetensorError, OSError, RuntimeError, ...) on a bad file
             # the resume checkpoint is blamed unless the error is plainly elsewhere: out of memory, or a missing
@@ -53,7 +55,11 @@ class Runtime:
                                                          f"({type(e).__name__}: {e})")) from e
 
     def close(self) -> None:
-        """Free the rollout engine (vLLM holds its KV cache until closed); the trainer goes with the object."""
+        """Free the rollout engine (vLLM holds its KV cache until closed); the trainer goes with the object (under
+        a launcher, the other ranks are told to drop theirs)."""
+        if self.trainer is not None:
+            self.trainer.close()
+            self.trainer = None
         if self.engine is not None:
             self.engine.close()
             self.engine = None
@@ -63,9 +69,19 @@ class Runtime:
         from ragen.models import load_tokenizer
         from ragen.rollout.factory import make_engine
         from ragen.sft.pipeline import warm_start_path
+        from ragen.train.ranks import launched
         from ragen.train.trainer import Trainer
 
         m = self.cfg.model
+        if launched():  # the launcher's process group first: the trainer's ranks must share it, not an engine's
+            from ragen.train.ds import ensure_distributed
+
+            if self.cfg.rollout.engine == "vllm":
+                raise LaunchError("rollout.engine=vllm under a launcher (WORLD_SIZE > 1): an in-process vLLM "
+                                  "engine on rank 0 would join the launcher's process group, which the other "
+                                  "ranks' trainers hold; set rollout.engine=hf for a launched run (rollouts on "
+                                  "rank 0, the update on every rank), or run vLLM in one process")
+            ensure_distributed()
         self.tokenizer = load_tokenizer(m.base, m.tokenizer, m.trust_remote_code)
         self.renderer = ChatRenderer(self.tokenizer, m.end_of_turn_token)
         start = warm_start_path(self.cfg)  # the SFT checkpoint RL starts from, if any (reference model too)

@@ -94,9 +94,20 @@ def warm_start_path(cfg: Config) -> str | None:
     return str(actor)
 
 
+def check_buildable_here() -> None:
+    """The warm start trains in one process: under a launcher the other ranks wait in the RL trainer's calls."""
+    from ragen.train.ranks import LaunchError, launched
+
+    if launched():
+        raise LaunchError("model.warm_start=auto: the SFT checkpoint is missing or stale, and a launched run "
+                          "(WORLD_SIZE > 1) cannot make it; make it first in one process (`ragen sft train` with "
+                          "the same --params/--preset/--set), then launch again")
+
+
 def ensure_warm_start(cfg: Config) -> str | None:
     """``warm_start_path``, making the ``auto`` checkpoint first (plain stages) when it is missing or stale."""
     if needs_build(cfg):
+        check_buildable_here()
         run_sft(cfg, evaluate=False)  # RL's own validation follows; `ragen sft train` measures the format
     return warm_start_path(cfg)
 

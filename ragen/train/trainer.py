@@ -11,10 +11,11 @@ import torch
 
 from ragen.algos.advantages import needs_critic
 from ragen.algos.filtering import filter_groups
-from ragen.config import Config
+from ragen.config import Config, config_to_dict
 from ragen.models import ensure_model, load_tokenizer
 from ragen.models.precision import model_dtype
 from ragen.rollout.engine import Engine
+from ragen.rollout.hf_engine import sequence_logprobs
 from ragen.rollout.sync import DEFAULT_PROBE, GateReport, calibrate_gate, probe_batch, sync_weights
 from ragen.train.batch import sequences_from_rollouts
 from ragen.train.checkpoint import COMPLETE, write_checkpoint
@@ -56,7 +57,14 @@ def check_resume_state(src: Path, *, critic: bool) -> None:
 class Trainer:
     def __init__(self, cfg: Config, *, resume: str | Path | None = None, model_path: str | None = None,
                  renderer: Any = None) -> None:
+        from ragen.train.ranks import announcer
+
         self.cfg = cfg
+        # rank 0 of a launch: the other ranks make each collective call of this trainer with it (train/ranks.py)
+        self._announce = announcer()
+        if self._announce is not None:
+            self._announce.post("open", config_to_dict(cfg), str(resume) if resume is not None else None,
+                                model_path)
         base = model_path or ensure_model(cfg.model.base)
         self.base = base
         self.rank, self.world = ensure_distributed()
@@ -101,8 +109,18 @@ class Trainer:
 
     def update(self, batch: pd.DataFrame, iteration: int = 0) -> UpdateResult:
         """Update on an already filtered batch (the pipeline filters in its own stage)."""
+        self._tell("update", batch, iteration)
         return update(self.cfg, sequences_from_rollouts(batch), self.actor, critic=self.critic, ref=self.ref,
                       pad_id=self.pad_id, rank=self.rank, world=self.world, iteration=iteration)
+
+    def _tell(self, call: str, *args: Any) -> None:
+        if self._announce is not None:
+            self._announce.post(call, *args)
+
+    def close(self) -> None:
+        """The other ranks of a launch drop their share too (a collapse-guard rollback builds a new trainer)."""
+        self._tell("close")
+        self._announce = None
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         full = gathered_state(self.actor)
@@ -113,17 +131,28 @@ class Trainer:
             raise RuntimeError("the trainer was built without a renderer, so it has no probe batch for the gate")
         return self.probe
 
-    def calibrate(self, engine: Engine) -> GateReport:
+    def calibrate(self, engine: Engine | None) -> GateReport | None:
         """Measure the sync gate's precision floor against an engine that loaded the same weights as this trainer
-        (``ragen.rollout.sync.calibrate_gate``); later syncs are gated relative to it."""
+        (``ragen.rollout.sync.calibrate_gate``); later syncs are gated relative to it. ``None``: a rank without
+        the engine takes part in the trainer's side (a collective forward under ZeRO-3)."""
+        self._tell("calibrate")
+        if engine is None:
+            sequence_logprobs(self.actor.module, self._probe(), self.pad_id)
+            return None
         r = self.cfg.rollout
         self.gate_floor = calibrate_gate(engine, self.actor.module, self._probe(), pad_token_id=self.pad_id,
                                          mean_tol=r.sync_mean_tol, max_tol=r.sync_max_tol,
                                          factor=r.sync_floor_factor)
         return self.gate_floor
 
-    def sync(self, engine: Engine) -> GateReport:
-        """Send the actor's weights to the rollout engine in place and gate on the probe batch."""
+    def sync(self, engine: Engine | None) -> GateReport | None:
+        """Send the actor's weights to the rollout engine in place and gate on the probe batch (``None``: the
+        trainer's side only, on a rank without the engine)."""
+        self._tell("sync")
+        if engine is None:
+            self.named_weights()
+            sequence_logprobs(self.actor.module, self._probe(), self.pad_id)
+            return None
         r = self.cfg.rollout
         floor = self.gate_floor.mean_abs if self.gate_floor is not None else None
         return sync_weights(engine, self.named_weights(), self.actor.module, self._probe(), pad_token_id=self.pad_id,
@@ -136,6 +165,7 @@ class Trainer:
         + value head), deepspeed/ (optimizer and engine state), marker last (ragen.train.checkpoint)."""
         from safetensors.torch import save_file
 
+        self._tell("save", str(path))
         # ZeRO-3: every rank takes part in gathering the weights; rank 0 writes them (None: the modules are whole)
         actor_sd, critic_sd = gathered_state(self.actor), gathered_state(self.critic)
 

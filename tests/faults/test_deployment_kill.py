@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from listening import listen_addresses
 from safetensors.torch import load_file
 from test_loop import TINY
 
@@ -76,6 +77,8 @@ def test_sigkill_of_a_deployment_run_during_vllm_rollout_and_update(tmp_path, mo
     port, home, logs = free_port(), tmp_path / "prefect", tmp_path / "logs"
     run = runs / "k"
     with LocalPrefect(port=port, mode="pool", home=home, cwd=ROOT, logs=logs) as local:
+        # the pool's API server is not reachable from outside (the serve mode's is checked in test_deployment.py)
+        assert listen_addresses(local.port) == {"127.0.0.1"}
         ref = local.run(params("ref"), timeout=900)
         assert ref.returncode == 0 and "Completed" in ref.stdout, ref.stdout + ref.stderr
 

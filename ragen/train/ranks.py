@@ -1,0 +1,148 @@
+"""The whole loop under a launcher (``torchrun`` / ``deepspeed``, WORLD_SIZE > 1).
+
+Rank 0 runs the loop as it runs alone: the run directory and its lock, instances, rollouts on its engine,
+evaluation, tracking. Every rank holds a share of the trainer (DeepSpeed over the launcher's process group), so
+rank 0's trainer announces each call that holds a collective (build, update, calibrate, sync, save) and the other
+ranks make the same call on their own trainer, in the same order, with the same arguments: the update sees the
+whole filtered batch on every rank and each takes trajectories ``rank::world`` of each mini-batch (train/update.py).
+
+Announcements go through the launcher's key-value store, not a collective: a follower waits there for as long as
+rank 0's rollouts take (``follower_wait_s``), while a collective would time out after the process group's
+30 minutes. Values are pickled, as torch's own object collectives do: the store belongs to the launch, which only
+its ranks reach."""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+# how long a follower waits for rank 0's next call: rollouts and evaluation of one iteration, on a slow machine
+FOLLOWER_WAIT_S = 24 * 3600.0
+_PREFIX = "ragen/trainer/"
+
+
+class LaunchError(RuntimeError):
+    """A setting a launched run (several ranks) cannot use."""
+
+
+def launched() -> bool:
+    """True under a launcher that started several ranks."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def launcher_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+class Announcements:
+    """Numbered calls from rank 0 to the other ranks through a key-value store (the launch's: ``of_launch``).
+    Rank 0 drops a call's value once every follower has read it."""
+
+    def __init__(self, store: Any, rank: int, world: int, follower_wait_s: float = FOLLOWER_WAIT_S) -> None:
+        import torch.distributed as dist
+
+        self.store = dist.PrefixStore(_PREFIX, store)
+        self.rank, self.world = rank, world
+        self.wait = timedelta(seconds=follower_wait_s)
+        self.sent = 0  # rank 0: calls posted; a follower: calls read
+        self.unread: list[int] = []
+
+    @classmethod
+    def of_launch(cls) -> Announcements:
+        """Over the store of the launcher's process group (initialised here if it is not yet)."""
+        import torch.distributed as dist
+
+        from ragen.train.ds import ensure_distributed
+
+        rank, world = ensure_distributed()
+        return cls(dist.distributed_c10d._get_default_store(), rank, world)
+
+    def post(self, call: str, *args: Any) -> None:
+        if self.rank != 0:
+            raise RuntimeError("only rank 0 announces trainer calls")
+        self._forget_read()
+        self.sent += 1
+        self.store.set(str(self.sent), pickle.dumps((call, args)))
+        self.unread.append(self.sent)
+
+    def _forget_read(self) -> None:
+        for n in list(self.unread):
+            if self.store.add(f"{n}/read", 0) >= self.world - 1:
+                self.store.delete_key(str(n))
+                self.store.delete_key(f"{n}/read")
+                self.unread.remove(n)
+
+    def next(self) -> tuple[str, tuple[Any, ...]]:
+        self.sent += 1
+        key = str(self.sent)
+        try:
+            self.store.wait([key], self.wait)
+        except RuntimeError as e:  # torch's DistStoreError on a timeout
+            raise TimeoutError(f"rank {self.rank}: no call from rank 0 within {self.wait} (call {key}); rank 0 "
+                               f"is stuck or gone") from e
+        call, args = pickle.loads(self.store.get(key))
+        self.store.add(f"{key}/read", 1)
+        return call, args
+
+
+def follow(channel: Announcements | None = None) -> bool:
+    """A follower rank's life: build, use and drop trainers as rank 0 announces, until rank 0 says it is done.
+    Returns whether rank 0 finished without an error."""
+    from ragen.config import Config
+    from ragen.rollout.factory import make_renderer
+    from ragen.train.trainer import Trainer
+
+    channel = channel or Announcements.of_launch()
+    trainer: Trainer | None = None
+    while True:
+        call, args = channel.next()
+        if call == "exit":
+            return bool(args[0])
+        if call == "open":
+            data, resume, model_path = args  # the config as plain data: the schema's objects do not pickle
+            cfg = Config.model_validate(data)
+            trainer = Trainer(cfg, resume=resume, model_path=model_path, renderer=make_renderer(cfg))
+        elif call == "close":
+            trainer = None
+            gc.collect()
+        elif trainer is None:
+            raise RuntimeError(f"rank {channel.rank}: rank 0 announced {call!r} before building a trainer")
+        elif call in ("update", "save"):
+            getattr(trainer, call)(*args)
+        elif call in ("calibrate", "sync"):  # rank 0's engine is not here: the trainer's side of the gate
+            getattr(trainer, call)(None)
+        else:
+            raise RuntimeError(f"rank {channel.rank}: unknown trainer call {call!r} from rank 0")
+
+
+_leader: list[Announcements] = []
+
+
+def announcer() -> Announcements | None:
+    """Rank 0's channel while it leads a launch (``leading``); None elsewhere."""
+    return _leader[0] if _leader else None
+
+
+@contextmanager
+def leading() -> Iterator[Announcements | None]:
+    """For the life of a command on rank 0 of a launch: trainers built meanwhile announce their calls, and the
+    followers are told at the end whether rank 0 finished cleanly. Yields None when not launched."""
+    if not launched():
+        yield None
+        return
+    if launcher_rank() != 0:
+        raise RuntimeError("leading() is rank 0's; the other ranks call follow()")
+    channel = Announcements.of_launch()
+    _leader[:] = [channel]
+    ok = False
+    try:
+        yield channel
+        ok = True
+    finally:
+        _leader.clear()
+        channel.post("exit", ok)
