@@ -42,23 +42,23 @@ class _Handler(BaseHTTPRequestHandler):
         if body:
             self.wfile.write(body)
 
-    def do_HEAD(self) -> None:
+    def _read(self, with_body: bool) -> None:
+        """HEAD (size only) and GET (the object) of one stored object."""
         if self._stalled():
             return
         f = self._file()
         if f is None or not f.is_file():
             self._answer(404)
+        elif with_body:
+            self._answer(200, f.read_bytes())
         else:
             self._answer(200, length=f.stat().st_size)
 
+    def do_HEAD(self) -> None:
+        self._read(with_body=False)
+
     def do_GET(self) -> None:
-        if self._stalled():
-            return
-        f = self._file()
-        if f is None or not f.is_file():
-            self._answer(404)
-        else:
-            self._answer(200, f.read_bytes())
+        self._read(with_body=True)
 
     def _body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":

@@ -3,7 +3,6 @@ SIGKILL while iteration 0 is being pushed, then damaged files of completed itera
 pushes what the kill left behind (no lock left stuck), and a damaged table or metrics file is named with the
 `dvc checkout` that restores it, byte for byte."""
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from damage import flip, pull_back_from_remote_alone
+from remote_checks import misnamed, on_remote, remote_objects
 from test_loop import TINY
 
 from ragen.rollout.table import read_rollouts
@@ -63,18 +63,14 @@ def test_sigkill_during_dvc_push_then_damaged_files_are_restored(prefect_api, dv
     assert "completed iterations 1..1" in again.stdout
     assert killed.lost_now() == []
     assert status(run) == {}  # every pointer matches the workspace
-    from dvc.repo import Repo
-
-    with Repo(str(dvc_repo)) as repo:  # and the remote has every object (iteration 0's too)
-        assert repo.status(targets=[str(t) for t in pointers(run)], cloud=True) == {}
+    assert on_remote(dvc_repo, run) == {}  # and the remote has every object (iteration 0's too)
     # ... with the right content: each object's bytes hash to its name (files/md5/ab/cdef..., `.dir` listings too),
     # so none is a half-written copy the kill left behind
     # (DVC uploads to a hidden `.<random>.tmp` beside the object and renames it: the kill may leave one, which no
     # pointer names; `ragen runs verify` lists such leftovers)
-    objects = [f for f in (remote / "files" / "md5").rglob("*") if f.is_file() and not f.name.startswith(".")]
+    objects = remote_objects(remote)
     assert len(objects) >= 10
-    for f in objects:
-        assert hashlib.md5(f.read_bytes()).hexdigest() == f.parent.name + f.name.removesuffix(".dir"), f
+    assert misnamed(objects) == []
     # and iteration 0 comes back from the remote alone, byte for byte
     pull_back_from_remote_alone(dvc_repo, run, 0)
     assert killed.lost_now() == []

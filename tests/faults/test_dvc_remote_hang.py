@@ -4,8 +4,6 @@ without an answer. The push of iteration 1 is stopped at its deadline (tracking.
 pause instead of waiting again, training goes on and every iteration is versioned in the local cache. When the
 remote answers again, the next start pushes everything it missed, and every object on it hashes to its name."""
 
-import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -15,12 +13,13 @@ from pathlib import Path
 import dvc  # noqa: F401
 import pytest
 from http_remote import http_remote
+from remote_checks import failures, misnamed, on_remote, remote_objects
 from test_loop import TINY
 from typer.testing import CliRunner
 
 from cli.main import app
 from ragen.run.rundir import RunDir
-from tasks.versioning import pointers, status
+from tasks.versioning import status
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 DVC = str(Path(sys.executable).with_name("dvc"))
@@ -41,18 +40,6 @@ def train(repo, tmp_path, iterations):
     r = CliRunner().invoke(app, train_args(repo, tmp_path, iterations))
     assert r.exit_code == 0, r.output[-3000:]
     assert f"..{iterations - 1}" in r.output.split("completed iterations")[-1], r.output[-3000:]
-
-
-def failures(run):
-    path = run.root / "tracking-failures.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-
-
-def on_remote(repo, run):
-    from dvc.repo import Repo
-
-    with Repo(str(repo)) as r:
-        return r.status(targets=[str(p) for p in pointers(run)], cloud=True)
 
 
 def test_a_dvc_remote_that_stops_answering_costs_one_deadline_and_is_caught_up(prefect_api, dvc_repo, tmp_path,
@@ -89,8 +76,7 @@ def test_a_dvc_remote_that_stops_answering_costs_one_deadline_and_is_caught_up(p
         assert "completed iterations 3..3" in again.stdout
         assert len(failures(run)) == failed
         assert on_remote(dvc_repo, run) == {}
-        objects = [f for f in (remote.root / "files" / "md5").rglob("*") if f.is_file() and not f.name.startswith(".")]
+        objects = remote_objects(remote.root)
         assert len(objects) >= 10
-        for f in objects:
-            assert hashlib.md5(f.read_bytes()).hexdigest() == f.parent.name + f.name.removesuffix(".dir"), f
+        assert misnamed(objects) == []
         assert hung.lost_now() == []

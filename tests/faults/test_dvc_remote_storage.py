@@ -17,13 +17,14 @@ import dvc  # noqa: F401
 import pytest
 from damage import pull_back_from_remote_alone
 from filesystems import remount, tmpfs, used
+from remote_checks import failures, on_remote
 from test_loop import TINY
 from typer.testing import CliRunner
 
 from cli.main import app
 from ragen.run.rundir import RunDir
 from tasks.dvc_verify import verify_objects
-from tasks.versioning import pointers, status
+from tasks.versioning import status
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 DVC = str(Path(sys.executable).with_name("dvc"))
@@ -43,18 +44,6 @@ def train(repo, tmp_path, iterations):
                                  *[a for o in over for a in ("--set", o)]])
     assert r.exit_code == 0, r.output[-3000:]
     assert f"completed iterations {iterations - 1}..{iterations - 1}" in r.output, r.output[-3000:]
-
-
-def failures(run):
-    path = run.root / "tracking-failures.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-
-
-def on_remote(repo, run):
-    from dvc.repo import Repo
-
-    with Repo(str(repo)) as r:
-        return r.status(targets=[str(p) for p in pointers(run)], cloud=True)
 
 
 def test_a_full_then_read_only_dvc_remote_then_room_again(prefect_api, dvc_repo, remote_fs, tmp_path, fault):
