@@ -1,6 +1,7 @@
-"""The whole loop under a launcher: `torchrun --nproc_per_node 2 ragen train` (gloo on this CPU) runs rollouts and
-evaluation on rank 0 and the update on both ranks; stopped after one iteration and launched again, it ends where
-one process running two iterations without a stop ends."""
+"""The whole loop under a launcher: `torchrun --nproc_per_node 2 ragen train` (gloo on this CPU) runs the loop on
+rank 0 and the update on both ranks, and ends where one process running the same iterations ends. With vLLM,
+every rank holds an engine and generates its share of each call (ragen/rollout/shards.py); stopped after one
+iteration and launched again, such a run ends as if never stopped."""
 
 import json
 import os
@@ -27,48 +28,68 @@ EXACT = ["trainer.val_before_train=false", "actor.micro_batch_tokens=0", "critic
          "critic.compute_dtype=fp32"]
 
 
-def launch(tmp_path: Path, prefect_api: str, iterations: int, *flags: str) -> subprocess.CompletedProcess:
+def launch(tmp_path: Path, prefect_api: str, iterations: int, *flags: str, run: str = "two",
+           extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     over = [*TINY, *EXACT, f"trainer.run_dir={tmp_path / 'runs'}", "tracking.dvc=false",
             f"tracking.mlflow_tracking_uri=sqlite:///{tmp_path / 'm.db'}",
-            f"tracking.mlflow_artifact_location={tmp_path / 'mlartifacts'}"]
+            f"tracking.mlflow_artifact_location={tmp_path / 'mlartifacts'}", *extra]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), "--no-python", str(Path(sys.executable).with_name("ragen")),
-           "train", "--run-name", "two", "--preset", "cpu-small", "--iterations", str(iterations), *flags,
+           "train", "--run-name", run, "--preset", "cpu-small", "--iterations", str(iterations), *flags,
            *[a for o in over for a in ("--set", o)]]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(PREFECT_API_URL=prefect_api, OMP_NUM_THREADS="1")
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
 
 
-def test_two_ranks_run_the_whole_loop_resume_and_match_one_process(tmp_path, prefect_api):
-    first = launch(tmp_path, prefect_api, 1)
-    assert first.returncode == 0, first.stderr[-4000:]
-    assert "completed iterations 0..0" in first.stdout
-    # a new launch continues the run on both ranks from iteration 0's state (the plain loop this time: the same
-    # stages without Prefect, a few seconds less)
-    rest = launch(tmp_path, prefect_api, 2, "--no-prefect")
-    assert rest.returncode == 0, rest.stderr[-4000:]
-    assert "completed iterations 1..1" in rest.stdout
-
+def test_two_ranks_run_the_whole_loop_and_match_one_process(tmp_path, prefect_api):
+    two_ranks = launch(tmp_path, prefect_api, 2)
+    assert two_ranks.returncode == 0, two_ranks.stderr[-4000:]
+    assert "completed iterations 0..1" in two_ranks.stdout
     one = run_training(load_config(None, ["cpu-small"], [*TINY, *EXACT, f"trainer.run_dir={tmp_path / 'one'}",
                                                           "trainer.total_training_steps=2"]), "one").run
     two = RunDir(tmp_path / "runs" / "two")
+    assert_same_iterations(one, two, rel=1e-4)
+    # the all-reduce sums in another order than one process does; Adam divides each gradient by its own running
+    # scale, so parameters whose gradients are near zero show that rounding as a few percent of one step
+    # (3e-5 measured after two steps at lr 1e-3): bound at a tenth of a step
+    gap = weights_gap(one, two)
+    assert gap < 1e-4, gap
+
+
+def test_two_ranks_share_vllm_rollouts_and_a_relaunch_ends_as_if_never_stopped(tmp_path, prefect_api):
+    vllm = ("rollout.engine=vllm", "rollout.kv_cache_gib=1")
+    whole = launch(tmp_path, prefect_api, 2, "--no-prefect", run="whole", extra=vllm)
+    assert whole.returncode == 0, whole.stderr[-4000:]
+    first = launch(tmp_path, prefect_api, 1, "--no-prefect", run="split", extra=vllm)
+    assert first.returncode == 0, first.stderr[-4000:]
+    # both ranks build their engines again, from iteration 0's checkpoint
+    rest = launch(tmp_path, prefect_api, 2, "--no-prefect", run="split", extra=vllm)
+    assert rest.returncode == 0, rest.stderr[-4000:]
+    assert "completed iterations 1..1" in rest.stdout
+    a, b = RunDir(tmp_path / "runs" / "whole"), RunDir(tmp_path / "runs" / "split")
+    assert_same_iterations(a, b, rel=1e-6)
+    assert weights_gap(a, b) == 0.0
+
+
+def assert_same_iterations(a: RunDir, b: RunDir, *, rel: float) -> None:
+    """Iterations 0 and 1 of two runs sampled the same tokens and logged the same metrics (clocks excepted)."""
     for k in (0, 1):
-        a = pd.read_parquet(one.iteration(k) / "rollouts.parquet")
-        b = pd.read_parquet(two.iteration(k) / "rollouts.parquet")
-        assert [list(x) for x in a["input_ids"]] == [list(x) for x in b["input_ids"]], k
-        ma = json.loads((one.iteration(k) / "metrics.json").read_text())
-        mb = json.loads((two.iteration(k) / "metrics.json").read_text())
+        ra = pd.read_parquet(a.iteration(k) / "rollouts.parquet")
+        rb = pd.read_parquet(b.iteration(k) / "rollouts.parquet")
+        assert [list(x) for x in ra["input_ids"]] == [list(x) for x in rb["input_ids"]], k
+        ma = json.loads((a.iteration(k) / "metrics.json").read_text())
+        mb = json.loads((b.iteration(k) / "metrics.json").read_text())
         assert set(ma) == set(mb)
         # every metric but the clocks and the speeds they give
         differ = {key: (ma[key], mb[key]) for key in ma if not key.startswith("timing_s/")
                   and not key.endswith("tokens_per_s")
-                  and ma[key] != pytest.approx(mb[key], rel=1e-4, abs=1e-6, nan_ok=True)}
+                  and ma[key] != pytest.approx(mb[key], rel=rel, abs=1e-6, nan_ok=True)}
         assert not differ, (k, differ)
-    wa = load_file(str(one.state(1) / "actor" / "model.safetensors"))
-    wb = load_file(str(two.state(1) / "actor" / "model.safetensors"))
-    # the all-reduce sums in another order than one process does; Adam divides each gradient by its own running
-    # scale, so parameters whose gradients are near zero show that rounding as a few percent of one step
-    # (3e-5 measured after two steps at lr 1e-3): bound at a tenth of a step
-    gap = max(float((wa[n] - wb[n]).abs().max()) for n in wa)
-    assert gap < 1e-4, gap
+
+
+def weights_gap(a: RunDir, b: RunDir) -> float:
+    """The largest difference between two runs' actor weights after iteration 1."""
+    wa = load_file(str(a.state(1) / "actor" / "model.safetensors"))
+    wb = load_file(str(b.state(1) / "actor" / "model.safetensors"))
+    return max(float((wa[n] - wb[n]).abs().max()) for n in wa)

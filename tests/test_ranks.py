@@ -80,7 +80,8 @@ def test_a_launched_run_refuses_what_one_rank_cannot_do_alone(monkeypatch):
     from ragen.sft.pipeline import check_buildable_here
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ranks.LaunchError, match=r"rollout.engine=vllm under a launcher.*rollout.engine=hf"):
+    with pytest.raises(ranks.LaunchError, match=r"rollout.engine=vllm under a launcher needs rank 0 to lead.*"
+                                                r"`ragen train` on every rank"):
         Runtime(load_config(None, ["cpu-small"], ["rollout.engine=vllm"])).open()
     with pytest.raises(ranks.LaunchError, match=r"model.warm_start=auto.*ragen sft train"):
         check_buildable_here()

@@ -19,8 +19,10 @@ def make_renderer(cfg: Config) -> Any:
     return ChatRenderer(load_tokenizer(m.base, m.tokenizer, m.trust_remote_code), m.end_of_turn_token)
 
 
-def make_engine(cfg: Config, tokenizer: Any, *, model_path: str | None = None, engine: str | None = None) -> Engine:
-    """``rollout.engine`` (or ``engine``) over ``model_path`` (default: ``model.base``, built once if an alias)."""
+def make_engine(cfg: Config, tokenizer: Any, *, model_path: str | None = None, engine: str | None = None,
+                launched: bool = False) -> Engine:
+    """``rollout.engine`` (or ``engine``) over ``model_path`` (default: ``model.base``, built once if an alias).
+    ``launched``: one vLLM engine of a launch's ranks (rollout/shards.py), over the launcher's process group."""
     path = model_path or ensure_model(cfg.model.base)
     kind = engine or cfg.rollout.engine
     r = cfg.rollout
@@ -32,7 +34,10 @@ def make_engine(cfg: Config, tokenizer: Any, *, model_path: str | None = None, e
                           enforce_eager=r.enforce_eager, gpu_memory_utilization=r.gpu_memory_utilization,
                           tensor_parallel_size=r.tensor_parallel_size, enable_prefix_caching=r.enable_prefix_caching,
                           trust_remote_code=cfg.model.trust_remote_code,
-                          kv_cache_memory_gib=r.kv_cache_memory_gib, sleep_during_update=r.sleep_during_update)
+                          kv_cache_memory_gib=r.kv_cache_memory_gib, sleep_during_update=r.sleep_during_update,
+                          external_launcher=launched)
+    if launched:
+        raise ValueError(f"rollout.engine={kind!r}: only vLLM engines run on every rank of a launch")
     if kind == "hf":
         from ragen.rollout.hf_engine import HFEngine
 

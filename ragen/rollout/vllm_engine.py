@@ -56,7 +56,8 @@ class VLLMEngine:
                  max_num_batched_tokens: int = 4096, kv_cache_gib: float = 2.0, enforce_eager: bool = True,
                  gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
                  enable_prefix_caching: bool = True, trust_remote_code: bool = False,
-                 kv_cache_memory_gib: float | None = None, sleep_during_update: bool = True) -> None:
+                 kv_cache_memory_gib: float | None = None, sleep_during_update: bool = True,
+                 external_launcher: bool = False) -> None:
         if not vllm_available():
             raise ImportError("vLLM is not installed: `pip install -e .[cpu]` (CPU) or `.[gpu]` (CUDA), or set "
                               "rollout.engine=hf")
@@ -71,13 +72,16 @@ class VLLMEngine:
         gpu_memory: dict[str, Any] = {"enable_sleep_mode": True} if self.sleep_mode else {}
         if on_gpu and kv_cache_memory_gib is not None:
             gpu_memory["kv_cache_memory_bytes"] = int(kv_cache_memory_gib * 2**30)
+        # one engine per rank of a launch, over the launcher's process group (rollout/shards.py)
+        self.external_launcher = external_launcher
+        launch = {"distributed_executor_backend": "external_launcher"} if external_launcher else {}
         self.llm = LLM(model=model_path, dtype=str(self.dtype).removeprefix("torch."), seed=seed,
                        max_model_len=max_model_len,
                        max_num_batched_tokens=max(max_num_batched_tokens, max_model_len),
                        enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
                        tensor_parallel_size=tensor_parallel_size, enable_prefix_caching=enable_prefix_caching,
                        trust_remote_code=trust_remote_code, logprobs_mode="processed_logprobs",
-                       skip_tokenizer_init=False, **gpu_memory)
+                       skip_tokenizer_init=False, **gpu_memory, **launch)
         self.max_model_len = max_model_len
 
     def _params(self, sampling: Sampling, max_tokens: int, **extra: Any) -> Any:
@@ -147,8 +151,14 @@ class VLLMEngine:
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
-        if llm is not None:
-            del llm
-            import gc
+        if llm is None:
+            return
+        import gc
 
-            gc.collect()
+        if getattr(self, "external_launcher", False):
+            from ragen.rollout.shards import launch_group_kept
+
+            with launch_group_kept():  # shut down now, not whenever the object is collected
+                llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()

@@ -69,25 +69,29 @@ class Runtime:
         from ragen.models import load_tokenizer
         from ragen.rollout.factory import make_engine
         from ragen.sft.pipeline import warm_start_path
-        from ragen.train.ranks import launched
+        from ragen.train.ranks import announcer, launched
         from ragen.train.trainer import Trainer
 
         m = self.cfg.model
+        channel = announcer()  # rank 0 leading a launch (train/ranks.py)
         if launched():  # the launcher's process group first: the trainer's ranks must share it, not an engine's
             from ragen.train.ds import ensure_distributed
 
-            if self.cfg.rollout.engine == "vllm":
-                raise LaunchError("rollout.engine=vllm under a launcher (WORLD_SIZE > 1): an in-process vLLM "
-                                  "engine on rank 0 would join the launcher's process group, which the other "
-                                  "ranks' trainers hold; set rollout.engine=hf for a launched run (rollouts on "
-                                  "rank 0, the update on every rank), or run vLLM in one process")
+            if channel is None and self.cfg.rollout.engine == "vllm":
+                raise LaunchError("rollout.engine=vllm under a launcher needs rank 0 to lead the other ranks (they "
+                                  "build their engines with it): start the run with `ragen train` on every rank")
             ensure_distributed()
         self.tokenizer = load_tokenizer(m.base, m.tokenizer, m.trust_remote_code)
         self.renderer = ChatRenderer(self.tokenizer, m.end_of_turn_token)
         start = warm_start_path(self.cfg)  # the SFT checkpoint RL starts from, if any (reference model too)
         # a resumed run samples from the weights of its last completed iteration, exactly as it would have
-        self.engine = make_engine(self.cfg, self.tokenizer,
-                                  model_path=str(self.resume / "actor") if self.resume else start)
+        engine_path = str(self.resume / "actor") if self.resume else start
+        if channel is not None and self.cfg.rollout.engine == "vllm":  # a vLLM engine on every rank
+            from ragen.rollout.shards import engines_on_every_rank
+
+            self.engine = engines_on_every_rank(self.cfg, engine_path, channel)
+        else:  # alone, or rank 0's HF engine under a launch
+            self.engine = make_engine(self.cfg, self.tokenizer, model_path=engine_path)
         self.trainer = Trainer(self.cfg, resume=self.resume, renderer=self.renderer, model_path=start)
         if self.cfg.rollout.sync_floor_factor > 0:  # both hold the same weights now: the gate's precision floor
             self.trainer.calibrate(self.engine)

@@ -1,10 +1,12 @@
 """The whole loop under a launcher (``torchrun`` / ``deepspeed``, WORLD_SIZE > 1).
 
-Rank 0 runs the loop as it runs alone: the run directory and its lock, instances, rollouts on its engine,
-evaluation, tracking. Every rank holds a share of the trainer (DeepSpeed over the launcher's process group), so
-rank 0's trainer announces each call that holds a collective (build, update, calibrate, sync, save) and the other
-ranks make the same call on their own trainer, in the same order, with the same arguments: the update sees the
-whole filtered batch on every rank and each takes trajectories ``rank::world`` of each mini-batch (train/update.py).
+Rank 0 runs the loop as it runs alone: the run directory and its lock, instances, episodes, evaluation, tracking.
+Every rank holds a share of the trainer (DeepSpeed over the launcher's process group), so rank 0's trainer
+announces each call that holds a collective (build, update, calibrate, sync, save) and the other ranks make the same
+call on their own trainer, in the same order, with the same arguments: the update sees the whole filtered batch on
+every rank and each takes trajectories ``rank::world`` of each mini-batch (train/update.py). With vLLM, every rank
+also holds an engine and generates its share of each rollout call (rollout/shards.py); building, generating with and
+closing it are announced the same way, and a generate call is answered back through the store.
 
 Announcements go through the launcher's key-value store, not a collective: a follower waits there for as long as
 rank 0's rollouts take (``follower_wait_s``), while a collective would time out after the process group's
@@ -62,13 +64,15 @@ class Announcements:
         rank, world = ensure_distributed()
         return cls(dist.distributed_c10d._get_default_store(), rank, world)
 
-    def post(self, call: str, *args: Any) -> None:
+    def post(self, call: str, *args: Any) -> int:
+        """Announce a call; returns its number (for ``answers``)."""
         if self.rank != 0:
             raise RuntimeError("only rank 0 announces trainer calls")
         self._forget_read()
         self.sent += 1
         self.store.set(str(self.sent), pickle.dumps((call, args)))
         self.unread.append(self.sent)
+        return self.sent
 
     def _forget_read(self) -> None:
         for n in list(self.unread):
@@ -89,6 +93,27 @@ class Announcements:
         self.store.add(f"{key}/read", 1)
         return call, args
 
+    def answer(self, value: Any) -> None:
+        """A follower's result of the call it read last (an exception is raised again on rank 0)."""
+        self.store.set(f"{self.sent}/answer/{self.rank}", pickle.dumps(value))
+
+    def answers(self, call: int, ranks: list[int]) -> dict[int, Any]:
+        """Rank 0: the followers' answers to call number ``call``, by rank; an answer that is an exception is
+        raised here, naming its rank."""
+        keys = [f"{call}/answer/{r}" for r in ranks]
+        try:
+            self.store.wait(keys, self.wait)
+        except RuntimeError as e:
+            raise TimeoutError(f"rank 0: no answer to call {call} from ranks {ranks} within {self.wait}") from e
+        got = {}
+        for r, key in zip(ranks, keys, strict=True):
+            got[r] = pickle.loads(self.store.get(key))
+            self.store.delete_key(key)
+        for r, value in got.items():
+            if isinstance(value, BaseException):
+                raise RuntimeError(f"rank {r} failed in call {call}: {value}") from value
+        return got
+
 
 def follow(channel: Announcements | None = None) -> bool:
     """A follower rank's life: build, use and drop trainers as rank 0 announces, until rank 0 says it is done.
@@ -99,6 +124,7 @@ def follow(channel: Announcements | None = None) -> bool:
 
     channel = channel or Announcements.of_launch()
     trainer: Trainer | None = None
+    engine: Any = None  # this rank's vLLM engine, when rollouts are shared over the ranks (rollout/shards.py)
     while True:
         call, args = channel.next()
         if call == "exit":
@@ -110,14 +136,42 @@ def follow(channel: Announcements | None = None) -> bool:
         elif call == "close":
             trainer = None
             gc.collect()
+        elif call in ("engine", "generate", "engine_close"):
+            engine = _engine_call(channel, engine, call, args)
         elif trainer is None:
             raise RuntimeError(f"rank {channel.rank}: rank 0 announced {call!r} before building a trainer")
         elif call in ("update", "save"):
+            if call == "update" and engine is not None:
+                engine.sleep()  # as rank 0's: the update gets the GPU, the sync wakes the engine
             getattr(trainer, call)(*args)
-        elif call in ("calibrate", "sync"):  # rank 0's engine is not here: the trainer's side of the gate
-            getattr(trainer, call)(None)
+        elif call in ("calibrate", "sync"):  # this rank's engine, or the trainer's side of the gate alone
+            getattr(trainer, call)(engine)
         else:
             raise RuntimeError(f"rank {channel.rank}: unknown trainer call {call!r} from rank 0")
+
+
+def _engine_call(channel: Announcements, engine: Any, call: str, args: tuple[Any, ...]) -> Any:
+    """A follower's part in rollouts shared over the ranks: build its engine, generate its shard of a call (the
+    answer goes back to rank 0, an error included), close it. Returns the engine it holds after the call."""
+    from ragen.config import Config
+    from ragen.rollout import shards
+
+    if call == "engine":
+        data, model_path = args
+        return shards.local_engine(Config.model_validate(data), model_path)
+    if engine is None:
+        raise RuntimeError(f"rank {channel.rank}: rank 0 announced {call!r} before building an engine")
+    if call == "engine_close":
+        engine.close()
+        return None
+    try:
+        channel.answer(shards.generate_shard(engine, channel.rank, *args))
+    except Exception as e:  # rank 0 raises it, naming this rank, instead of waiting for an answer
+        import traceback
+
+        traceback.print_exc()
+        channel.answer(RuntimeError(f"{type(e).__name__}: {e}"))  # plain: any exception type unpickles there
+    return engine
 
 
 _leader: list[Announcements] = []
