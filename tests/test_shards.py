@@ -9,9 +9,9 @@ import pytest
 import torch.distributed as dist
 
 from ragen.rollout.engine import Generation, Sampling
-from ragen.rollout.shards import ShardedEngine, check_launch_layout, shard_bounds, shard_seed
+from ragen.rollout.shards import ShardedEngine, shard_bounds, shard_seed
 from ragen.train import ranks
-from ragen.train.ranks import Announcements, LaunchError
+from ragen.train.ranks import Announcements, LaunchError, check_engine_layout
 
 pytestmark = pytest.mark.unit
 
@@ -91,6 +91,6 @@ def test_a_rank_that_fails_is_named_on_rank_0():
 
 
 def test_a_tensor_parallel_size_that_does_not_divide_the_launch_is_refused():
-    check_launch_layout(4, 2)
+    check_engine_layout(4, 2)
     with pytest.raises(LaunchError, match=r"rollout.tensor_parallel_size=2 does not divide the launch's 3 ranks"):
-        check_launch_layout(3, 2)
+        check_engine_layout(3, 2)

@@ -113,21 +113,14 @@ class ShardedEngine:
         self.local.close()
 
 
-def check_launch_layout(world: int, tensor_parallel: int) -> None:
-    from ragen.train.ranks import LaunchError
-
-    if world % tensor_parallel:
-        raise LaunchError(f"rollout.tensor_parallel_size={tensor_parallel} does not divide the launch's "
-                                  f"{world} ranks: each vLLM engine spans that many ranks; launch a multiple of it")
-
-
 def engines_on_every_rank(cfg: Config, model_path: str | None, channel: Any) -> ShardedEngine:
     """Rank 0: tell the other ranks to build their engines, build this rank's (together: building is collective
     over the launcher's group), and share generation over them."""
     from ragen.config import config_to_dict
 
     tp = cfg.rollout.tensor_parallel_size
-    check_launch_layout(channel.world, tp)
+    if channel.world % tp:
+        raise ValueError(f"{tp} ranks per engine do not divide the launch's {channel.world} ranks")
     channel.post("engine", config_to_dict(cfg), model_path)
     return ShardedEngine(local_engine(cfg, model_path), channel, tp)
 

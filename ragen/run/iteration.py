@@ -88,7 +88,9 @@ class Runtime:
         engine_path = str(self.resume / "actor") if self.resume else start
         if channel is not None and self.cfg.rollout.engine == "vllm":  # a vLLM engine on every rank
             from ragen.rollout.shards import engines_on_every_rank
+            from ragen.train.ranks import check_engine_layout
 
+            check_engine_layout(channel.world, self.cfg.rollout.tensor_parallel_size)
             self.engine = engines_on_every_rank(self.cfg, engine_path, channel)
         else:  # alone, or rank 0's HF engine under a launch
             self.engine = make_engine(self.cfg, self.tokenizer, model_path=engine_path)

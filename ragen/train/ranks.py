@@ -41,6 +41,13 @@ def launcher_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def check_engine_layout(world: int, tensor_parallel: int) -> None:
+    """One vLLM engine per ``tensor_parallel`` ranks (rollout/shards.py): it must divide the launch."""
+    if world % tensor_parallel:
+        raise LaunchError(f"rollout.tensor_parallel_size={tensor_parallel} does not divide the launch's {world} "
+                          f"ranks: each vLLM engine spans that many ranks; launch a multiple of it")
+
+
 class Announcements:
     """Numbered calls from rank 0 to the other ranks through a key-value store (the launch's: ``of_launch``).
     Rank 0 drops a call's value once every follower has read it."""
