@@ -138,7 +138,8 @@ class RolloutConfig(_Section):
         "(weights + KV cache); GPU only")
     max_num_batched_tokens: int = Field(8192, ge=1, description="vLLM's token budget per scheduler step (prefill "
         "chunking)")
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs the vLLM engine shards the model over")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs the vLLM engine shards the model over (under a "
+                                      "launcher: ranks per engine, which must divide the ranks)")
     kv_cache_gib: float = Field(2.0, gt=0.0, description="vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE)")
     kv_cache_memory_gib: float | None = Field(None, gt=0.0, description="GPU: the KV cache's size in GiB (vLLM's "
                                               "kv_cache_memory_bytes), instead of what gpu_memory_utilization leaves "
