@@ -123,7 +123,9 @@ def _follow() -> NoReturn:
     from ragen.train.ranks import follow, launcher_rank
 
     if not follow():
-        fail(f"rank {launcher_rank()}: rank 0 stopped with an error (its output says which)", 1)
+        # exit 0: this rank's part ended cleanly, and a failure here would be the launcher's "root cause" (and
+        # have it stop rank 0 while rank 0 still reports its own error)
+        typer.echo(f"rank {launcher_rank()}: rank 0 stopped with an error (its output says which)", err=True)
     raise typer.Exit(0)
 
 

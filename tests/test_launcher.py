@@ -5,6 +5,7 @@ iteration and launched again, such a run ends as if never stopped."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,8 +58,11 @@ def test_two_ranks_run_the_whole_loop_and_match_one_process(tmp_path, prefect_ap
     assert gap < 1e-4, gap
 
 
+VLLM = ("rollout.engine=vllm", "rollout.kv_cache_gib=1")
+
+
 def test_two_ranks_share_vllm_rollouts_and_a_relaunch_ends_as_if_never_stopped(tmp_path, prefect_api):
-    vllm = ("rollout.engine=vllm", "rollout.kv_cache_gib=1")
+    vllm = VLLM
     whole = launch(tmp_path, prefect_api, 2, "--no-prefect", run="whole", extra=vllm)
     assert whole.returncode == 0, whole.stderr[-4000:]
     first = launch(tmp_path, prefect_api, 1, "--no-prefect", run="split", extra=vllm)
@@ -93,3 +97,27 @@ def weights_gap(a: RunDir, b: RunDir) -> float:
     wa = load_file(str(a.state(1) / "actor" / "model.safetensors"))
     wb = load_file(str(b.state(1) / "actor" / "model.safetensors"))
     return max(float((wa[n] - wb[n]).abs().max()) for n in wa)
+
+
+def test_a_collapse_guard_rollback_builds_every_ranks_engine_again(tmp_path, prefect_api):
+    """The guard trips at iteration 1 (a signal that is always on), rolls back to the base model and reopens the
+    run: every rank closes its engine and builds a new one over the launch's process group, which must outlive
+    the first; the run goes on, trips again and stops, and the launcher names rank 0 as the one that failed."""
+    trips = ("trainer.checkpoint_every=1", "trainer.test_freq=100", "diagnostics.window=1",
+             "diagnostics.std_collapse=100", "guard.enabled=true", "guard.signals=[std_collapse]", "guard.patience=1",
+             "guard.max_rollbacks=1")
+    r = launch(tmp_path, prefect_api, 3, "--no-prefect", run="g", extra=(*VLLM, *trips))
+    assert r.returncode != 0
+    assert "tripped at iteration 1 (std_collapse) after 1 rollback(s) (iterations 1->0)" in r.stderr, r.stderr[-4000:]
+    assert "rank 1: rank 0 stopped with an error" in r.stderr
+    cause = r.stderr[r.stderr.index("Root Cause"):]
+    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\n\s+exitcode\s+: [1-9]", cause), cause
+    run = RunDir(tmp_path / "runs" / "g")
+    (event,) = json.loads((run.root / "guard.json").read_text())["rollbacks"]
+    assert (event["at"], event["to"]) == (1, -1)
+    # after the rollback, the rebuilt engines sampled iterations 0 and 1 again; iteration 0 from the same base
+    # weights with the same seeds, so the same tokens on both ranks' new engines as on their first ones
+    before = pd.read_parquet(run.root / "guard" / "rollback-1" / "iter_00000" / "rollouts.parquet")
+    again = pd.read_parquet(run.iteration(0) / "rollouts.parquet")
+    assert [list(x) for x in again["input_ids"]] == [list(x) for x in before["input_ids"]]
+    assert len(pd.read_parquet(run.iteration(1) / "rollouts.parquet")) == 8
