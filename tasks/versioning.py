@@ -254,10 +254,11 @@ def status(run: RunDir) -> dict[str, Any]:
         return repo.status(targets=[str(p.resolve()) for p in pointers(run)])
 
 
-def version_paths(paths: list[Path], remote: str | None = None, push_timeout_s: float = 600.0) -> dict[str, Any]:
+def version_paths(paths: list[Path], remote: str | None, push_timeout_s: float) -> dict[str, Any]:
     """``dvc add`` + push of files or folders outside run directories (the SFT demos and checkpoint). A path a
     ``dvc.yaml`` stage declares as its output is left to that stage (``dvc repro`` / ``dvc commit``), since DVC
-    refuses to track one path twice."""
+    refuses to track one path twice. ``remote`` and ``push_timeout_s`` are the config's (tracking.dvc_remote,
+    tracking.dvc_push_timeout_s)."""
     from dvc.exceptions import NotDvcRepoError, OutputNotFoundError
     from dvc.repo import Repo
 
