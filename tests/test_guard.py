@@ -12,6 +12,12 @@ from ragen.run.identity import config_name
 from ragen.run.rundir import MARKER, RunDir
 from ragen.train.checkpoint import COMPLETE as STATE_MARKER
 
+# a signal that is always on, checked after every iteration, each iteration checkpointed and no evaluation: the
+# guard trips at iteration 1, rolls back to the base model once, trips again and gives up
+ALWAYS_TRIPS = ["trainer.checkpoint_every=1", "trainer.test_freq=100", "diagnostics.window=1",
+                "diagnostics.std_collapse=100", "guard.enabled=true", "guard.signals=[std_collapse]",
+                "guard.patience=1", "guard.max_rollbacks=1"]
+
 
 def cfg_with(*extra):
     return load_config(None, ["cpu-small"], ["guard.enabled=true", *extra])
@@ -186,10 +192,8 @@ def test_the_flow_logs_rollbacks_to_mlflow(prefect_api, tmp_path):
     from flows.train_loop import train_loop as flow
 
     db = tmp_path / "mlflow.db"
-    over = [*TINY, f"trainer.run_dir={tmp_path}", "trainer.total_training_steps=3", "trainer.checkpoint_every=1",
-            "trainer.val_before_train=false", "trainer.test_freq=100", "diagnostics.window=1",
-            "diagnostics.std_collapse=100", "guard.enabled=true", "guard.signals=[std_collapse]",
-            "guard.patience=1", "guard.max_rollbacks=1", "tracking.dvc=false",
+    over = [*TINY, *ALWAYS_TRIPS, f"trainer.run_dir={tmp_path}", "trainer.total_training_steps=3",
+            "trainer.val_before_train=false", "tracking.dvc=false",
             f"tracking.mlflow_tracking_uri=sqlite:///{db}", f"tracking.mlflow_artifact_location={tmp_path / 'mla'}"]
     with pytest.raises(guard.GuardGaveUp):
         flow(run_name="gf", params=None, preset=["cpu-small"], overrides=over)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from safetensors.torch import load_file
+from test_guard import ALWAYS_TRIPS
 from test_loop import TINY
 
 from ragen.config import load_config
@@ -62,13 +63,12 @@ VLLM = ("rollout.engine=vllm", "rollout.kv_cache_gib=1")
 
 
 def test_two_ranks_share_vllm_rollouts_and_a_relaunch_ends_as_if_never_stopped(tmp_path, prefect_api):
-    vllm = VLLM
-    whole = launch(tmp_path, prefect_api, 2, "--no-prefect", run="whole", extra=vllm)
+    whole = launch(tmp_path, prefect_api, 2, "--no-prefect", run="whole", extra=VLLM)
     assert whole.returncode == 0, whole.stderr[-4000:]
-    first = launch(tmp_path, prefect_api, 1, "--no-prefect", run="split", extra=vllm)
+    first = launch(tmp_path, prefect_api, 1, "--no-prefect", run="split", extra=VLLM)
     assert first.returncode == 0, first.stderr[-4000:]
     # both ranks build their engines again, from iteration 0's checkpoint
-    rest = launch(tmp_path, prefect_api, 2, "--no-prefect", run="split", extra=vllm)
+    rest = launch(tmp_path, prefect_api, 2, "--no-prefect", run="split", extra=VLLM)
     assert rest.returncode == 0, rest.stderr[-4000:]
     assert "completed iterations 1..1" in rest.stdout
     a, b = RunDir(tmp_path / "runs" / "whole"), RunDir(tmp_path / "runs" / "split")
@@ -103,10 +103,7 @@ def test_a_collapse_guard_rollback_builds_every_ranks_engine_again(tmp_path, pre
     """The guard trips at iteration 1 (a signal that is always on), rolls back to the base model and reopens the
     run: every rank closes its engine and builds a new one over the launch's process group, which must outlive
     the first; the run goes on, trips again and stops, and the launcher names rank 0 as the one that failed."""
-    trips = ("trainer.checkpoint_every=1", "trainer.test_freq=100", "diagnostics.window=1",
-             "diagnostics.std_collapse=100", "guard.enabled=true", "guard.signals=[std_collapse]", "guard.patience=1",
-             "guard.max_rollbacks=1")
-    r = launch(tmp_path, prefect_api, 3, "--no-prefect", run="g", extra=(*VLLM, *trips))
+    r = launch(tmp_path, prefect_api, 3, "--no-prefect", run="g", extra=(*VLLM, *ALWAYS_TRIPS))
     assert r.returncode != 0
     assert "tripped at iteration 1 (std_collapse) after 1 rollback(s) (iterations 1->0)" in r.stderr, r.stderr[-4000:]
     assert "rank 1: rank 0 stopped with an error" in r.stderr

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ragen.config import Config
-from ragen.rollout.engine import Generation, Sampling
+from ragen.rollout.engine import Generation, Sampling, clip_requests
 
 _SHARD_KEY = 2  # the SeedSequence spawn key of shard seeds (env seeds use 0 and 1: envs/seeding.py)
 
@@ -83,10 +83,8 @@ class ShardedEngine:
         if not prompts:
             return []
         prompts = [list(p) for p in prompts]
-        caps = None if max_new_tokens is None else [int(m) for m in max_new_tokens]
-        if caps is not None and len(caps) != len(prompts):
-            raise ValueError(f"got {len(caps)} max_new_tokens for {len(prompts)} prompts")
-        args = (prompts, sampling, seed, caps, self.tp, self.world)
+        # checked here, before any rank is told of the call
+        args = (prompts, sampling, seed, clip_requests(max_new_tokens, len(prompts), sampling), self.tp, self.world)
         call = self.channel.post("generate", *args)
         own = generate_shard(self.local, 0, *args)
         # one answer per shard: the first rank of each tensor-parallel group (the others generate the same)
@@ -115,14 +113,12 @@ class ShardedEngine:
 
 def engines_on_every_rank(cfg: Config, model_path: str | None, channel: Any) -> ShardedEngine:
     """Rank 0: tell the other ranks to build their engines, build this rank's (together: building is collective
-    over the launcher's group), and share generation over them."""
+    over the launcher's group), and share generation over them. The layout is the caller's to check
+    (``train.ranks.check_engine_layout``)."""
     from ragen.config import config_to_dict
 
-    tp = cfg.rollout.tensor_parallel_size
-    if channel.world % tp:
-        raise ValueError(f"{tp} ranks per engine do not divide the launch's {channel.world} ranks")
     channel.post("engine", config_to_dict(cfg), model_path)
-    return ShardedEngine(local_engine(cfg, model_path), channel, tp)
+    return ShardedEngine(local_engine(cfg, model_path), channel, cfg.rollout.tensor_parallel_size)
 
 
 @contextlib.contextmanager
