@@ -35,7 +35,9 @@ class ModelConfig(_Section):
         "~5x slower): fp32 runs the bf16 settings (model.dtype, *.compute_dtype) in fp32; keep: bf16 anyway")
     trust_remote_code: bool = Field(False, description="let transformers/vLLM run the model repository's own Python "
         "code (deployment runs refuse it unless the worker sets RAGEN_ALLOW_REMOTE_CODE=1)")
-    lora_rank: int = Field(0, ge=0, description="0 = full fine-tune")
+    lora_rank: int = Field(0, ge=0, description="0 = full fine-tune; r > 0 = LoRA adapters (PEFT) on the actor and "
+        "the critic's backbone (the value head fully trained, every other weight frozen): the rollout engine, "
+        "evaluations and the registry get merged weights, checkpoints hold the adapters")
     lora_alpha: int = Field(64, ge=1, description="LoRA scaling (alpha / rank) when lora_rank > 0")
     lora_target_modules: str = Field("all-linear", description="modules LoRA adapts: 'all-linear' or a comma-separated "
         "list of module names")

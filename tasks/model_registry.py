@@ -13,6 +13,7 @@ from prefect import task
 
 from ragen.config import Config
 from ragen.run.rundir import RunDir
+from ragen.train.checkpoint import model_dir
 from tasks.options import NO_RESULT
 from tasks.tracking import mlflow_client
 
@@ -28,7 +29,8 @@ def register_model(cfg: Config, run: RunDir, run_id: str) -> dict[str, Any] | No
     """Register the final actor (safetensors + tokenizer, loadable as ``model.base``) as a model version; move
     the ``champion`` alias to it only if its final val score beats the current champion's."""
     done = run.completed()
-    if not done or not (run.state(done[-1]) / "actor").is_dir():
+    model = model_dir(run.state(done[-1])) if done else None  # a LoRA run's: the merged model
+    if model is None:
         return None
     k = done[-1]
     ev = run.iteration(k) / "eval.json"
@@ -45,7 +47,7 @@ def register_model(cfg: Config, run: RunDir, run_id: str) -> dict[str, Any] | No
     mine = [v for v in client.search_model_versions(f"name='{name}'")
             if v.run_id == run_id and v.tags.get("iteration") == str(k)]  # a retry, or a restart of a finished run
     if not mine:
-        client.log_artifacts(run_id, str(run.state(k) / "actor"), where)
+        client.log_artifacts(run_id, str(model), where)
     tags = {"iteration": str(k), "run_dir": str(run.root)}
     if score is not None:
         tags["val_score"] = repr(float(score))

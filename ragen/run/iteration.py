@@ -69,6 +69,7 @@ class Runtime:
         from ragen.models import load_tokenizer
         from ragen.rollout.factory import make_engine
         from ragen.sft.pipeline import warm_start_path
+        from ragen.train.checkpoint import model_dir
         from ragen.train.ranks import announcer, launched
         from ragen.train.trainer import Trainer
 
@@ -85,7 +86,7 @@ class Runtime:
         self.renderer = ChatRenderer(self.tokenizer, m.end_of_turn_token)
         start = warm_start_path(self.cfg)  # the SFT checkpoint RL starts from, if any (reference model too)
         # a resumed run samples from the weights of its last completed iteration, exactly as it would have
-        engine_path = str(self.resume / "actor") if self.resume else start
+        engine_path = str(model_dir(self.resume)) if self.resume else start
         if channel is not None and self.cfg.rollout.engine == "vllm":  # a vLLM engine on every rank
             from ragen.rollout.shards import engines_on_every_rank
             from ragen.train.ranks import check_engine_layout

@@ -21,11 +21,16 @@ def is_complete(path: str | Path) -> bool:
 
 
 def model_dir(path: str | Path) -> Path | None:
-    """The loadable model inside a checkpoint (``path/actor``) or ``path`` itself if it is one; else None."""
+    """The loadable model inside a checkpoint (``path/actor``; a LoRA checkpoint's merged model, written once
+    into the cache) or ``path`` itself if it is one; else None."""
+    from ragen.train.lora import adapter_checkpoint, materialize
+
     p = Path(path)
     for d in (p / "actor", p):
         if (d / "config.json").is_file():
             return d
+    if is_complete(p) and adapter_checkpoint(p) is not None:
+        return materialize(p)
     return None
 
 

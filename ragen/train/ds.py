@@ -159,7 +159,8 @@ def save_engine_state(engine: Any, path: str | Path) -> None:
     from there before this state; a second copy was a quarter of every checkpoint (1.1 of 4.3 GB for SmolLM2's
     actor and critic). ``module_state_dict`` is the hook DeepSpeed's pipeline engine overrides for the same."""
     if zero_stage(engine) >= 3:  # partitioned: DeepSpeed's files are the only whole copy of the weights
-        engine.save_checkpoint(str(path), tag=STATE_TAG)
+        # (of the trained ones: frozen LoRA bases are reloaded from the run's start, not saved again)
+        engine.save_checkpoint(str(path), tag=STATE_TAG, exclude_frozen_parameters=has_frozen(engine))
         return
     engine.module_state_dict = lambda *args, **kwargs: {}
     try:
@@ -191,6 +192,10 @@ def load_weights_only(path: str | Path, map_location: Any = None) -> Any:
                 f"`dvc pull` of its .dvc pointer) or resume from an earlier iteration") from None
 
 
+def has_frozen(engine: Any) -> bool:
+    return any(not p.requires_grad for p in engine.module.parameters())
+
+
 def load_engine_state(engine: Any, path: str | Path) -> bool:
     """The optimizer and engine state ``save_engine_state`` wrote (into an engine whose module already holds the
     checkpoint's weights); False if DeepSpeed found none. Checkpoints that also hold the weights load as well.
@@ -198,7 +203,8 @@ def load_engine_state(engine: Any, path: str | Path) -> bool:
     ce = engine.checkpoint_engine
     ce.load = load_weights_only  # DeepSpeed reads its state files through this one method
     try:
-        loaded, _ = engine.load_checkpoint(str(path), tag=STATE_TAG, load_module_strict=zero_stage(engine) >= 3,
+        loaded, _ = engine.load_checkpoint(str(path), tag=STATE_TAG,
+                                           load_module_strict=zero_stage(engine) >= 3 and not has_frozen(engine),
                                            load_optimizer_states=True, load_lr_scheduler_states=False)
     finally:
         del ce.load  # back to the engine's own method

@@ -20,6 +20,7 @@ from ragen.rollout.sync import DEFAULT_PROBE, GateReport, calibrate_gate, probe_
 from ragen.train.batch import sequences_from_rollouts
 from ragen.train.checkpoint import COMPLETE, write_checkpoint
 from ragen.train.ds import ensure_distributed, gathered_state, load_engine_state, make_ds_engine, set_lr
+from ragen.train.lora import ADAPTERS, LoraSpec, add_adapters, load_adapters, lora_spec, merged_state, save_adapters
 from ragen.train.networks import load_actor, load_critic, load_reference
 from ragen.train.update import UpdateResult, update
 
@@ -43,10 +44,17 @@ def critic_lr_of(cfg: Config) -> dict[str, float]:
     return {"value_head": cfg.critic.value_head_lr} if cfg.critic.value_head_lr is not None else {}
 
 
-def check_resume_state(src: Path, *, critic: bool) -> None:
+def check_resume_state(src: Path, *, critic: bool, lora: bool = False) -> None:
     """A clear error for a checkpoint that holds the actor alone: a DVC checkout of a checkpoint other than the
-    run's last (tracking.dvc_resume_state=last versions the critic and optimizer state with the last one only)."""
-    missing = [d for d in (["critic"] if critic else []) + ["deepspeed"] if not (src / d).is_dir()]
+    run's last (tracking.dvc_resume_state=last versions the critic and optimizer state with the last one only);
+    and for a full fine-tune's checkpoint resumed with LoRA on, or the other way round."""
+    has_adapters = (src / ADAPTERS / "actor").is_dir()
+    if has_adapters != lora:
+        held, asked = ("LoRA adapters", "model.lora_rank=0") if has_adapters else ("whole weights", "LoRA")
+        raise ValueError(f"checkpoint {src} holds {held} but the config asks for {asked}; resume with the settings "
+                         f"the checkpoint was trained with (model.lora_rank)")
+    critic_dir = f"{ADAPTERS}/critic" if lora else "critic"
+    missing = [d for d in ([critic_dir] if critic else []) + ["deepspeed"] if not (src / d).is_dir()]
     if missing:
         raise FileNotFoundError(f"checkpoint {src} has no {' or '.join(d + '/' for d in missing)} (the resume state); "
                                 f"a DVC checkout of a checkpoint other than a run's last holds the actor only "
@@ -75,20 +83,32 @@ class Trainer:
         if src is not None and not (src / COMPLETE).is_file():
             raise FileNotFoundError(f"checkpoint {src} is incomplete or missing (no {COMPLETE} marker); resume from "
                                     f"an earlier checkpoint")
+        self.lora: LoraSpec | None = lora_spec(cfg.model)
         if src is not None:
-            check_resume_state(src, critic=needs_critic(cfg.algorithm.adv_estimator))
+            check_resume_state(src, critic=needs_critic(cfg.algorithm.adv_estimator), lora=self.lora is not None)
         trc = cfg.model.trust_remote_code
-        actor = load_actor(str(src / "actor") if src else base, trust_remote_code=trc,
+        # a LoRA checkpoint holds the adapters only: the frozen base is the run's start, loaded as at its start
+        whole = src is not None and self.lora is None
+        actor = load_actor(str(src / "actor") if whole else base, trust_remote_code=trc,
                            gradient_checkpointing=cfg.actor.gradient_checkpointing)
+        if self.lora is not None:
+            add_adapters(actor, self.lora)
+            if src is not None:
+                load_adapters(actor, src / ADAPTERS / "actor", self.lora)
         o = cfg.actor
         self.actor = make_ds_engine(actor, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, grad_clip=o.grad_clip,
                                  ds_config=o.deepspeed_config)
         self.critic = None
         if needs_critic(cfg.algorithm.adv_estimator):
-            critic = load_critic(str(src / "critic") if src else base, trust_remote_code=trc,
+            critic_src = None if src is None else src / ADAPTERS / "critic" if self.lora else src / "critic"
+            critic = load_critic(str(critic_src) if whole else base, trust_remote_code=trc,
                                  gradient_checkpointing=cfg.critic.gradient_checkpointing,
-                                 value_head=(src / "critic" / VALUE_HEAD) if src else None,
+                                 value_head=(critic_src / VALUE_HEAD) if critic_src else None,
                                  value_scale=cfg.critic.value_scale)
+            if self.lora is not None:  # the backbone takes adapters; the value head stays fully trained
+                add_adapters(critic.backbone, self.lora)
+                if critic_src is not None:
+                    load_adapters(critic.backbone, critic_src, self.lora)
             c = cfg.critic
             self.critic = make_ds_engine(critic, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
                                       grad_clip=c.grad_clip, ds_config=c.deepspeed_config,
@@ -123,8 +143,10 @@ class Trainer:
         self._announce = None
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The actor's weights under the plain model's names (LoRA merged): what the rollout engine loads."""
         full = gathered_state(self.actor)
-        return list((full if full is not None else self.actor.module.state_dict()).items())
+        state = full if full is not None else self.actor.module.state_dict()
+        return list((merged_state(state, self.lora.scaling) if self.lora else state).items())
 
     def _probe(self) -> list[list[int]]:
         if self.probe is None:
@@ -162,7 +184,9 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """actor/ (safetensors + tokenizer: loadable as model.base by vLLM and transformers), critic/ (backbone
-        + value head), deepspeed/ (optimizer and engine state), marker last (ragen.train.checkpoint)."""
+        + value head), deepspeed/ (optimizer and engine state), marker last (ragen.train.checkpoint). With LoRA,
+        adapters/actor and adapters/critic (+ value head) instead of actor/ and critic/: megabytes, not the
+        frozen base again (``ragen.train.lora.materialize`` gives the merged model)."""
         from safetensors.torch import save_file
 
         self._tell("save", str(path))
@@ -173,6 +197,9 @@ class Trainer:
             return None if sd is None else {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
 
         def files(tmp: Path) -> None:
+            if self.lora is not None:
+                adapter_files(tmp / ADAPTERS)
+                return
             self.actor.module.save_pretrained(tmp / "actor", safe_serialization=True, state_dict=actor_sd)
             self.tokenizer.save_pretrained(tmp / "actor")
             if self.critic is not None:
@@ -180,6 +207,17 @@ class Trainer:
                                                             state_dict=part(critic_sd, "backbone."))
                 head = part(critic_sd, "value_head.") or self.critic.module.value_head.state_dict()
                 save_file({k: v.contiguous() for k, v in head.items()}, str(tmp / "critic" / VALUE_HEAD))
+
+        def adapter_files(folder: Path) -> None:
+            """adapters/actor (+ tokenizer, to materialize the merged model), adapters/critic (+ value head)."""
+            assert self.lora is not None
+            save_adapters(folder / "actor", actor_sd or self.actor.module.state_dict(), self.lora, self.base)
+            self.tokenizer.save_pretrained(folder / "actor")
+            if self.critic is not None:
+                save_adapters(folder / "critic", part(critic_sd, "backbone.") or
+                              self.critic.module.backbone.state_dict(), self.lora, self.base)
+                head = part(critic_sd, "value_head.") or self.critic.module.value_head.state_dict()
+                save_file({k: v.contiguous() for k, v in head.items()}, str(folder / "critic" / VALUE_HEAD))
 
         return write_checkpoint(path, rank=self.rank, world=self.world, write_files=files,
                                 engines={"actor": self.actor, "critic": self.critic})
