@@ -158,13 +158,15 @@ def save_engine_state(engine: Any, path: str | Path) -> None:
     weights are left out: the checkpoint's model files (actor/, critic/) hold them whole, and a resume loads them
     from there before this state; a second copy was a quarter of every checkpoint (1.1 of 4.3 GB for SmolLM2's
     actor and critic). ``module_state_dict`` is the hook DeepSpeed's pipeline engine overrides for the same."""
-    if zero_stage(engine) >= 3:  # partitioned: DeepSpeed's files are the only whole copy of the weights
-        # (of the trained ones: frozen LoRA bases are reloaded from the run's start, not saved again)
-        engine.save_checkpoint(str(path), tag=STATE_TAG, exclude_frozen_parameters=has_frozen(engine))
+    # frozen weights (a LoRA base) are reloaded from the run's start, never saved again (ZeRO-1/2 would otherwise
+    # keep a copy of them as "frozen_param_fragments")
+    frozen = has_frozen(engine)
+    if zero_stage(engine) >= 3:  # partitioned: DeepSpeed's files are the only whole copy of the trained weights
+        engine.save_checkpoint(str(path), tag=STATE_TAG, exclude_frozen_parameters=frozen)
         return
     engine.module_state_dict = lambda *args, **kwargs: {}
     try:
-        engine.save_checkpoint(str(path), tag=STATE_TAG)
+        engine.save_checkpoint(str(path), tag=STATE_TAG, exclude_frozen_parameters=frozen)
     finally:
         del engine.module_state_dict
 
