@@ -94,11 +94,13 @@ def bench_train_cmd(as_json: JsonOpt = False,
                         help="main (Bandit, the main command's batch) and/or multiturn (SimpleSokoban with "
                              "thinking, 5 turns); default: both")] = None,
                     compare: Annotated[bool, typer.Option(
-                        "--compare/--no-compare", help="also update the main batch in fp32, with plain torch and "
-                        "padded (ratios and the loss check)")] = True,
+                        "--compare/--no-compare", help="also update the main batch in fp32, with plain torch, "
+                        "padded and with LoRA (ratios and the loss check)")] = True,
+                    lora_rank: Annotated[int, typer.Option(
+                        min=0, help="LoRA rank of the comparison (alpha = rank, all linear layers); 0: none")] = 64,
                     seed: int = 0) -> None:
     """The update against the machine: matmul peak in the model's shapes, model FLOPs, achieved FLOP/s and MFU
-    of the actor and the critic on the main and a multi-turn batch; fp32, plain-torch and padded ratios."""
+    of the actor and the critic on the main and a multi-turn batch; fp32, plain-torch, padded and LoRA ratios."""
     from ragen.train.update_bench import BATCHES, bench_train
 
     batches = tuple(batch or BATCHES)
@@ -106,7 +108,7 @@ def bench_train_cmd(as_json: JsonOpt = False,
     if unknown:
         fail(f"--batch {', '.join(unknown)}: use main and/or multiturn")
     with stdout_to_stderr():
-        result = bench_train(model=model, batches=batches, compare=compare, seed=seed,
+        result = bench_train(model=model, batches=batches, compare=compare, seed=seed, lora_rank=lora_rank,
                              progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print_result(result, as_json)
 

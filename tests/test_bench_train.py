@@ -16,7 +16,7 @@ def test_bench_train_reports_peak_flops_and_mfu_per_model_and_batch():
     from ragen.train.update_bench import bench_train
 
     said: list[str] = []
-    out = bench_train(model=TINY_MODEL, progress=said.append)
+    out = bench_train(model=TINY_MODEL, lora_rank=4, progress=said.append)  # rank 4: small beside the tiny model
     assert out["compute_dtype"] == ("bf16" if native_bf16() else "fp32")  # bf16 where native, the default
     assert out["peak_tflops"]["fp32"] > 0
     assert (out["peak_tflops"]["bf16"] is not None) == native_bf16()
@@ -41,6 +41,15 @@ def test_bench_train_reports_peak_flops_and_mfu_per_model_and_batch():
     assert set(main["loss_rel_diff"]) == {"rollout/old_log_prob", "actor/entropy_loss", "critic/vf_loss"}
     assert all(math.isfinite(v) for v in main["loss_rel_diff"].values())
     assert any("multiturn" in s for s in said)
+    # LoRA on the same batch: its MFU over the FLOPs it computes (fewer than a full update's), and its speed ratio
+    lora = out["lora"]
+    assert lora["rank"] == 4 and lora["adapter_weights"] > 0
+    assert lora["lora_over_full"] == pytest.approx(main["update_s"] / lora["update_s"])
+    assert lora["model_tflop"]["actor_training"] < main["model_tflop"]["actor_training"]
+    for who in ("actor", "critic"):
+        secs = lora["seconds"][f"{who}_scoring"] + lora["seconds"][f"{who}_training"]
+        flop = lora["model_tflop"][f"{who}_scoring"] + lora["model_tflop"][f"{who}_training"]
+        assert lora["mfu"][who] == pytest.approx(flop / secs / peak) and lora["mfu"][who] > 0
 
 
 @pytest.mark.unit

@@ -8,7 +8,7 @@ import torch
 
 from ragen.config import load_config
 from ragen.train.batch import Sequences
-from ragen.train.flops import Architecture, matmul_tflops, model_shapes, pass_flops
+from ragen.train.flops import Architecture, lora_pass_flops, matmul_tflops, model_shapes, pass_flops
 from ragen.train.update_bench import update_flops
 
 pytestmark = pytest.mark.unit
@@ -65,3 +65,22 @@ def test_matmul_throughput_is_measured_in_the_models_shapes():
     assert shapes == [(32, 8, 8), (32, 8, 16), (32, 16, 8), (4, 8, 50)]
     tf = matmul_tflops(shapes, torch.float32, seconds=0.01)
     assert list(tf) == ["32x8x8", "32x8x16", "32x16x8", "4x8x50"] and all(v > 0 for v in tf.values())
+
+
+def test_lora_pass_counts_what_is_computed_by_hand():
+    """LoRA: frozen matrices backpropagate input gradients only (1x), attention 2x, the adapters 3x; the actor's
+    frozen output layer 2x, a trained value head 3x. Lengths 2 and 3 (5 tokens), 100 adapter weights."""
+    a = Architecture.of(small_llama())
+    layers, attention, adapters = 17280, 864, 2 * 100 * 5
+    head = 2 * 8 * 50 * 4  # the output layer at 4 positions
+    fwd = layers + attention + head + adapters
+    assert lora_pass_flops(a, [2, 3], 4, head_width=50, backward=False, adapter_weights=100,
+                           head_trained=False) == fwd == 22344
+    assert lora_pass_flops(a, [2, 3], 4, head_width=50, backward=True, adapter_weights=100,
+                           head_trained=False) == fwd + layers + 2 * attention + head + 2 * adapters == 46552
+    value = 2 * 8 * 1 * 5
+    assert lora_pass_flops(a, [2, 3], 5, head_width=1, backward=True, adapter_weights=100, head_trained=True) == \
+        (layers + attention + value + adapters) + layers + 2 * attention + 2 * value + 2 * adapters
+    # without adapters and with everything trained it would be the full pass; LoRA's backward is cheaper
+    assert lora_pass_flops(a, [2, 3], 4, head_width=50, backward=True, adapter_weights=0, head_trained=False) < \
+        pass_flops(a, [2, 3], 4, head_width=50, backward=True)

@@ -52,6 +52,23 @@ def pass_flops(arch: Architecture, lengths: Sequence[int], outputs: int, *, head
     return arch.forward_flops(lengths, outputs, head_width) * (3.0 if backward else 1.0)
 
 
+def lora_pass_flops(arch: Architecture, lengths: Sequence[int], outputs: int, *, head_width: int, backward: bool,
+                    adapter_weights: int, head_trained: bool) -> float:
+    """A pass of a LoRA-adapted model, counting what is actually computed: the adapters (``adapter_weights``
+    weights of the A and B matrices, 2 FLOPs each per token forward) train fully (3x), the frozen matrices'
+    backward computes input gradients only (1x their forward, not 2x), attention has no weights and its
+    backward stays 2x; the output head is trained (3x: a value head) or frozen (2x: the actor's output layer)."""
+    tokens = float(sum(lengths))
+    linear = 2.0 * arch.layer_weights * tokens
+    attention = arch.forward_flops(lengths, 0, head_width) - linear
+    head = 2.0 * arch.hidden * head_width * outputs
+    adapters = 2.0 * adapter_weights * tokens
+    forward = linear + attention + head + adapters
+    if not backward:
+        return forward
+    return forward + linear + 2.0 * attention + (2.0 if head_trained else 1.0) * head + 2.0 * adapters
+
+
 def model_shapes(arch: Architecture, tokens: int, outputs: int) -> list[tuple[int, int, int]]:
     """(m, k, n) of the model's matrix products for a micro-batch of ``tokens`` tokens, ``outputs`` of them
     through the output layer: attention projection, MLP up and down, output layer."""

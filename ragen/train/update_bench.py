@@ -7,9 +7,10 @@ DeepSpeed engines, the main command's settings otherwise) in the precision the u
 per-pass wall times and the model FLOPs of those passes (``ragen.train.flops``) give the achieved FLOP/s and the
 MFU over the machine's matrix throughput in the model's shapes, for that dtype.
 
-The main batch is also updated in fp32 (where the default is bf16), with plain torch instead of DeepSpeed and
-padded to its longest trajectory instead of length-bucketed: the ratios of those say what each choice is worth,
-and the fp32 losses are the reference the bf16 ones must stay within 2% of."""
+The main batch is also updated in fp32 (where the default is bf16), with plain torch instead of DeepSpeed, padded
+to its longest trajectory instead of length-bucketed, and with LoRA adapters instead of full fine-tuning: the
+ratios of those say what each choice is worth, and the fp32 losses are the reference the bf16 ones must stay
+within 2% of. LoRA's MFU divides the FLOPs it actually computes (frozen weights take no weight gradient)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ import torch
 from ragen.config import Config, load_config
 from ragen.experiments import MULTI_TURN_CPU, SOKOBAN
 from ragen.train.batch import Sequences
-from ragen.train.flops import Architecture, matmul_tflops, model_shapes, pass_flops
+from ragen.train.flops import Architecture, lora_pass_flops, matmul_tflops, model_shapes, pass_flops
+from ragen.train.lora import LoraSpec, add_adapters
 
 MAIN_PRESETS = ("cpu-small",)  # params.yaml is this preset over the defaults: the main command's settings
 # the kept batch of the main command: 2 of its 8 groups x 8 (the 25% filter), all kept here
@@ -80,25 +82,34 @@ def peak_tflops(arch: Architecture, dtypes: Sequence[str], tokens: int = 2048, o
     return peak, each
 
 
-def update_flops(seqs: Sequences, arch: Architecture, cfg: Config) -> dict[str, float]:
+def update_flops(seqs: Sequences, arch: Architecture, cfg: Config, adapter_weights: int = 0) -> dict[str, float]:
     """Model FLOPs of one update's passes: per model, the scoring pass (forward) and the training passes
     (forward + backward, once per PPO epoch); the actor's output layer at the trained tokens only. Actor and
-    critic share the decoder (the critic is its backbone with a value head), so one ``arch`` counts both."""
+    critic share the decoder (the critic is its backbone with a value head), so one ``arch`` counts both.
+    ``adapter_weights`` > 0: each model carries that many LoRA weights and trains only them (and the value head)."""
     lengths = [int(n) for n in seqs.lengths]
     trained = int(sum(int(m.sum()) for m in seqs.loss_mask))
     real = int(sum(lengths))
+
+    def count(outputs: int, head_width: int, backward: bool) -> float:
+        if adapter_weights:
+            return lora_pass_flops(arch, lengths, outputs, head_width=head_width, backward=backward,
+                                   adapter_weights=adapter_weights, head_trained=head_width == 1)
+        return pass_flops(arch, lengths, outputs, head_width=head_width, backward=backward)
+
     return {
-        "actor_scoring": pass_flops(arch, lengths, trained, head_width=arch.vocab, backward=False),
-        "actor_training": cfg.actor.ppo_epochs * pass_flops(arch, lengths, trained, head_width=arch.vocab,
-                                                            backward=True),
-        "critic_scoring": pass_flops(arch, lengths, real, head_width=1, backward=False),
-        "critic_training": cfg.critic.ppo_epochs * pass_flops(arch, lengths, trained, head_width=1, backward=True),
+        "actor_scoring": count(trained, arch.vocab, False),
+        "actor_training": cfg.actor.ppo_epochs * count(trained, arch.vocab, True),
+        "critic_scoring": count(real, 1, False),
+        "critic_training": cfg.critic.ppo_epochs * count(trained, 1, True),
     }
 
 
 def run_update(cfg: Config, seqs: Sequences, path: str, pad_id: int, *, engine: str = "deepspeed",
-               padded: bool = False, compute_dtype: str | None = None, seed: int = 0) -> dict[str, float]:
-    """One update of fresh actor and critic on ``seqs``; its metrics (losses, per-pass timings) and wall time."""
+               padded: bool = False, compute_dtype: str | None = None, seed: int = 0,
+               lora: LoraSpec | None = None) -> dict[str, float]:
+    """One update of fresh actor and critic on ``seqs`` (with ``lora``: adapters on both, the rest frozen); its
+    metrics (losses, per-pass timings), wall time and the adapters' weight count."""
     from ragen.train.ds import make_ds_engine
     from ragen.train.networks import load_actor, load_critic
     from ragen.train.plain import PlainEngine
@@ -112,6 +123,11 @@ def run_update(cfg: Config, seqs: Sequences, path: str, pad_id: int, *, engine: 
     models = {"actor": load_actor(path, gradient_checkpointing=cfg.actor.gradient_checkpointing),
               "critic": load_critic(path, gradient_checkpointing=cfg.critic.gradient_checkpointing,
                                     value_scale=cfg.critic.value_scale)}
+    adapter_weights = 0
+    if lora is not None:
+        add_adapters(models["actor"], lora)
+        add_adapters(models["critic"].backbone, lora)
+        adapter_weights = sum(p.numel() for n, p in models["actor"].named_parameters() if ".lora_" in n)
     engines = {}
     for name, module in models.items():
         o = getattr(cfg, name)
@@ -121,13 +137,14 @@ def run_update(cfg: Config, seqs: Sequences, path: str, pad_id: int, *, engine: 
             PlainEngine(module, **kw)
     t0 = time.perf_counter()
     res = update(cfg, seqs, engines["actor"], critic=engines["critic"], pad_id=pad_id, pad_to_longest=padded)
-    return {**res.metrics, "wall_s": time.perf_counter() - t0}
+    return {**res.metrics, "wall_s": time.perf_counter() - t0, "adapter_weights": float(adapter_weights)}
 
 
 def bench_train(*, model: str = "smollm2-135m-instruct", batches: Sequence[str] = ("main", "multiturn"),
-                compare: bool = True, seed: int = 0, progress: Any = None) -> dict[str, Any]:
-    """The JSON of `ragen bench train` (see the module doc); ``compare`` adds the fp32, plain-torch and padded
-    runs of the main batch (their ratios and the loss check)."""
+                compare: bool = True, seed: int = 0, lora_rank: int = 64, progress: Any = None) -> dict[str, Any]:
+    """The JSON of `ragen bench train` (see the module doc); ``compare`` adds the fp32, plain-torch, padded and
+    LoRA (``lora_rank``, alpha = rank, all linear layers; 0: left out) runs of the main batch (their ratios and
+    the loss check)."""
     from ragen.models import ensure_model, load_tokenizer
     from ragen.models.precision import hardware, native_bf16, runs_bf16
     from ragen.train.networks import load_actor
@@ -168,6 +185,9 @@ def bench_train(*, model: str = "smollm2-135m-instruct", batches: Sequence[str] 
             f"{out['mfu'][f'{b}/critic']:.0%} of the {compute_dtype} peak {peak[compute_dtype]:.2f} TFLOP/s")
         if compare and b == "main":
             _compare(info, out, cfg, seqs, path, pad_id, seed, compute_dtype, m, say)
+            if lora_rank > 0:
+                out["lora"] = _lora(cfg, seqs, arch, path, pad_id, seed, m, float(peak[compute_dtype]),  # type: ignore[arg-type]
+                                    LoraSpec(lora_rank, lora_rank, "all-linear"), say)
         out["batches"][b] = info
     return out
 
@@ -190,3 +210,23 @@ def _compare(info: dict[str, Any], out: dict[str, Any], cfg: Config, seqs: Seque
     out["deepspeed_over_plain"] = rate(chosen) / rate(run_update(cfg, seqs, path, pad_id, engine="plain", seed=seed))
     say("main: micro-batches padded to the longest trajectory")
     out["bucketed_over_padded"] = rate(chosen) / rate(run_update(cfg, seqs, path, pad_id, padded=True, seed=seed))
+
+
+def _lora(cfg: Config, seqs: Sequences, arch: Architecture, path: str, pad_id: int, seed: int,
+          full: dict[str, float], peak: float, spec: LoraSpec, say: Any) -> dict[str, Any]:
+    """The main batch's update with LoRA adapters: seconds, the FLOPs it computes, MFU, and its speed over the
+    full fine-tune's (``full``) on the same batch."""
+    say(f"main: LoRA rank {spec.rank} on actor and critic instead of full fine-tuning")
+    m = run_update(cfg, seqs, path, pad_id, seed=seed, lora=spec)
+    flops = update_flops(seqs, arch, cfg, adapter_weights=int(m["adapter_weights"]))
+    res: dict[str, Any] = {"rank": spec.rank, "alpha": spec.alpha, "adapter_weights": int(m["adapter_weights"]),
+                           "update_s": m["wall_s"], "lora_over_full": full["wall_s"] / m["wall_s"],
+                           "seconds": {k.removeprefix("timing_s/update_"): v for k, v in m.items()
+                                       if k.startswith("timing_s/update_") and k != "timing_s/update_scoring"},
+                           "model_tflop": {k: v / 1e12 for k, v in flops.items()}, "mfu": {}}
+    for who in ("actor", "critic"):
+        secs = m[f"timing_s/update_{who}_scoring"] + m[f"timing_s/update_{who}_training"]
+        res["mfu"][who] = (flops[f"{who}_scoring"] + flops[f"{who}_training"]) / secs / 1e12 / peak
+    say(f"main: LoRA update {m['wall_s']:.1f} s ({res['lora_over_full']:.2f}x the full fine-tune's speed), MFU "
+        f"actor {res['mfu']['actor']:.0%} critic {res['mfu']['critic']:.0%}")
+    return res
