@@ -48,6 +48,12 @@ def test_quick_bench_prints_the_before_after_json_and_writes_the_curve(tmp_path,
         assert 0 <= t[f"format_errors_{k}"] <= 1
     assert t["diff"] == pytest.approx(t["after"] - t["before"])
     assert -1 <= t["diff_ci"][0] <= t["diff"] <= t["diff_ci"][1] <= 1
+    # paired by seed: one sample per seed, so the mean paired difference is the difference of the rates
+    assert t["paired_n"] == 16 and t["samples_per_seed"] == 1
+    assert t["paired_diff"] == pytest.approx(t["diff"])
+    assert t["paired_diff_ci"][0] <= t["paired_diff"] <= t["paired_diff_ci"][1]
+    assert t["gained"] - t["lost"] == round(16 * t["diff"]) and 0 < t["mcnemar_p"] <= 1
+    assert 0 < t["power_10pp"] <= 1
     assert res["iterations"] == 2 and res["wall_s"] > 0 and res["s_per_iteration"] > 0
     assert 0 < res["update_share"] < 1
     c = res["config"]

@@ -44,7 +44,7 @@ def test_bench_train_reports_peak_flops_and_mfu_per_model_and_batch():
     # LoRA on the same batch: its MFU over the FLOPs it computes (fewer than a full update's), and its speed ratio
     lora = out["lora"]
     assert lora["rank"] == 4 and lora["adapter_weights"] > 0
-    assert lora["lora_over_full"] == pytest.approx(main["update_s"] / lora["update_s"])
+    assert lora["lora_over_full"] == pytest.approx(lora["full_update_s"] / lora["update_s"])
     assert lora["model_tflop"]["actor_training"] < main["model_tflop"]["actor_training"]
     for who in ("actor", "critic"):
         secs = lora["seconds"][f"{who}_scoring"] + lora["seconds"][f"{who}_training"]

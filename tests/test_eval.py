@@ -235,3 +235,62 @@ def test_grid_block_round_trips_and_bad_blocks_are_named(tmp_path):
     p.write_text(json.dumps({"experiments": {"run": ["diversity-r32"]}}))
     with pytest.raises(KeyError, match="does not run at scale"):
         read_grid(p)
+
+
+@pytest.mark.unit
+def test_paired_bootstrap_by_hand():
+    """Two seeds with differences 0 and 1: a resample of both is {0,0}, {0,1}, {1,0} or {1,1}, so its mean is
+    0 (1/4), 0.5 (1/2) or 1 (1/4); the 2.5% and 97.5% points are 0 and 1. Equal differences have no spread."""
+    from ragen.eval.stats import paired_bootstrap
+
+    assert paired_bootstrap([0.0, 1.0]) == (0.5, 0.0, 1.0)
+    assert paired_bootstrap([0.25] * 10) == (0.25, 0.25, 0.25)
+    assert paired_bootstrap([1, 0, 0, 1, -1, 1, 0, 1], seed=3) == paired_bootstrap([1, 0, 0, 1, -1, 1, 0, 1], seed=3)
+    m, lo, hi = paired_bootstrap([1.0] * 30 + [0.0] * 70)  # 30% of seeds gained: about 0.3 +- 1.96 * 0.046
+    assert m == pytest.approx(0.3) and lo == pytest.approx(0.21, abs=0.02) and hi == pytest.approx(0.39, abs=0.02)
+    assert all(math.isnan(x) for x in paired_bootstrap([]))
+
+
+@pytest.mark.unit
+def test_mcnemar_exact_by_hand():
+    """1 seed lost and 6 gained: 2 * P(X <= 1), X ~ Bin(7, 1/2) = 2 * (1 + 7) / 128 = 0.125; 0 vs 5: 2/32."""
+    from ragen.eval.stats import mcnemar_exact
+
+    assert mcnemar_exact(6, 1) == pytest.approx(0.125)
+    assert mcnemar_exact(1, 6) == pytest.approx(0.125)
+    assert mcnemar_exact(5, 0) == pytest.approx(0.0625)
+    assert mcnemar_exact(3, 3) == 1.0 and mcnemar_exact(0, 0) == 1.0
+    with pytest.raises(ValueError):
+        mcnemar_exact(-1, 2)
+
+
+@pytest.mark.unit
+def test_paired_power_by_hand():
+    """Phi(0.1 sqrt(n) / sd - 1.96): n = 100, sd = 0.5 gives Phi(0.04) = 0.516; sd = 0.25 gives Phi(2.04) =
+    0.979; no spread finds any effect."""
+    from ragen.eval.stats import paired_power
+
+    assert paired_power(0.5, 100) == pytest.approx(0.5160, abs=1e-4)
+    assert paired_power(0.25, 100) == pytest.approx(0.9793, abs=1e-4)
+    assert paired_power(0.0, 10) == 1.0 and math.isnan(paired_power(0.5, 0))
+
+
+@pytest.mark.unit
+def test_paired_change_pairs_by_seed():
+    """Seeds 1-4 sampled twice before and after: per-seed rates (0, .5, 1, 0) -> (1, .5, 1, .5), differences
+    (1, 0, 0, .5), mean 0.375; no McNemar at two samples per seed. A panel that changed is refused."""
+    import pandas as pd
+
+    from ragen.run.learn_bench import paired_change
+
+    def frame(successes):
+        return pd.DataFrame({"seed": [1, 1, 2, 2, 3, 3, 4, 4], "tag": "T", "success": successes})
+
+    before, after = frame([0, 0, 1, 0, 1, 1, 0, 0]), frame([1, 1, 0, 1, 1, 1, 1, 0])
+    p = paired_change(before, after)
+    assert p["paired_n"] == 4 and p["samples_per_seed"] == 2 and p["paired_diff"] == pytest.approx(0.375)
+    assert "mcnemar_p" not in p and 0 < p["power_10pp"] < 1
+    one = paired_change(before[before.index % 2 == 0], after[after.index % 2 == 0])  # first sample of each seed
+    assert (one["gained"], one["lost"]) == (2, 1) and one["mcnemar_p"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="different seeds"):
+        paired_change(before, after.assign(seed=after["seed"] + 10))

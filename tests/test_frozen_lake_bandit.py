@@ -140,3 +140,30 @@ def test_shared_group_stream_gives_same_payout():
         env.reset(seed=77, options={"member": m})
         many.add(env.step(env.hi_arm_id)[1])
     assert many == {0.0, 1.0}
+
+
+
+def test_no_slip_tag_moves_where_it_says_and_says_so():
+    """FrozenLakeNoSlip: the original's is_slippery=False on the FrozenLake maps; its prompt drops the slippery
+    sentence. Over seeds and random moves, every move from a frozen cell lands where it points (or stays at an
+    edge), where the slippery tag sends a third of them sideways."""
+    spec = get_tag("FrozenLakeNoSlip")
+    assert "slippery" not in spec.instruction and "slippery" in get_tag("FrozenLake").instruction
+    step = {LEFT: (0, -1), DOWN: (1, 0), RIGHT: (0, 1), UP: (-1, 0)}
+    rng = np.random.default_rng(0)
+    off = {}
+    for name in ("FrozenLakeNoSlip", "FrozenLake"):
+        env, moves, astray = get_tag(name).make(), 0, 0
+        for seed in range(40):
+            env.reset(seed=seed)
+            for _ in range(6):
+                a = int(rng.integers(1, 5))
+                (r, c), (dr, dc) = env.position, step[a]
+                want = (min(max(r + dr, 0), env.size - 1), min(max(c + dc, 0), env.size - 1))
+                _, _, term, _, _ = env.step(a)
+                moves, astray = moves + 1, astray + (env.position != want)
+                if term:
+                    break
+        off[name] = astray / moves
+    assert get_tag("FrozenLakeNoSlip").make().reset(seed=7)[0] == get_tag("FrozenLake").make().reset(seed=7)[0]
+    assert off["FrozenLakeNoSlip"] == 0 and off["FrozenLake"] > 0.2, off

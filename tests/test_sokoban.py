@@ -229,3 +229,33 @@ def test_diff_vocab_grid_and_legend_match():
     assert set(spec.shown_grid_vocab) == set("W.GCBA@")
     legacy = spec.replace(legacy_legend=True)
     assert dict(legacy.shown_grid_vocab) == DEFAULT_GRID_VOCAB
+
+
+@pytest.mark.unit
+def test_band_rooms_are_short_deterministic_and_owned_by_their_seed():
+    """SimpleSokobanBand: every room is solvable within the band's moves; a seed always gives the same room, drawn
+    from its own candidates (seed * BAND_STRIDE + j), so seeds of disjoint ranges never share a candidate and
+    neighbouring seeds do not collapse onto one room; the plain tag keeps its rooms."""
+    from ragen.envs.registry import BAND_MAX_MOVES
+    from ragen.envs.seeding import layout_rng
+    from ragen.envs.sokoban.env import BAND_STRIDE
+
+    band, plain = get_tag("SimpleSokobanBand").make(), get_tag("SimpleSokoban").make()
+    rooms = []
+    for seed in range(123, 223):
+        state, _ = band.reset(seed=seed)
+        n = band.optimal_length()
+        assert n is not None and 1 <= n <= BAND_MAX_MOVES
+        rooms.append(state)
+        assert band.reset(seed=seed)[0] == state
+        # the room is the first short candidate of this seed's own block
+        first = next(j for j in range(BAND_STRIDE) if (optimal_length(generate_room(
+            (6, 6), 1, 300, layout_rng(seed * BAND_STRIDE + j))) or 99) <= BAND_MAX_MOVES)
+        assert generate_room((6, 6), 1, 300, layout_rng(seed * BAND_STRIDE + first)).render() == \
+            band.current_room().render()
+    assert len(set(rooms)) >= 90  # 100 seeds: distinct rooms, up to chance repeats of small rooms
+    assert plain.reset(seed=123)[0] == SokobanEnv().reset(seed=123)[0]
+    with pytest.raises(ValueError, match="max_optimal_moves must be >= 1"):
+        SokobanEnv(max_optimal_moves=0)
+    with pytest.raises(RuntimeError, match="raise max_optimal_moves"):
+        SokobanEnv(dim=(8, 8), num_boxes=2, search_depth=10, max_optimal_moves=1).reset(seed=5)

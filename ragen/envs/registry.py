@@ -39,6 +39,9 @@ FROZEN_LAKE_INSTRUCTION = (
     "Example answer format: <think>To avoid the hole and reach the target, I should go left then up."
     "</think><answer>Left || Up</answer>"
 )
+# the original's is_slippery=False: every move goes where it says
+FROZEN_LAKE_NO_SLIP_INSTRUCTION = FROZEN_LAKE_INSTRUCTION.replace(
+    "You may move in an unintended direction because the ice is slippery. ", "")
 MAZE_INSTRUCTION = (
     "You are in a maze. Walk to the goal. Walls block the way: a move into a wall or off the grid keeps you where "
     "you are. The answer should be a sequence of actions, like <answer>Up || Right || Right</answer>"
@@ -93,9 +96,16 @@ class TagSpec:
         return dataclasses.replace(self, **changes)
 
 
+# the difficulty band of SimpleSokoban rooms (SimpleSokobanBand): solvable in at most this many moves, chosen so
+# that the SFT warm-start solves 30-60% of them before any RL (docs/environments.md has the measurement)
+BAND_MAX_MOVES = 2
+
+
 def _sokoban(tag: str, dim: tuple[int, int], boxes: int, depth: int, lookup: Mapping[int, str] | None = None,
-             ) -> TagSpec:
+             max_optimal_moves: int | None = None) -> TagSpec:
     kwargs: dict[str, Any] = {"dim": dim, "num_boxes": boxes, "search_depth": depth, "max_steps": 100}
+    if max_optimal_moves is not None:
+        kwargs["max_optimal_moves"] = max_optimal_moves
     if lookup is not None:
         kwargs["grid_lookup"] = dict(lookup)
     return TagSpec(tag, "sokoban", kwargs, 10, 100, SOKOBAN_INSTRUCTION,
@@ -110,10 +120,13 @@ BUILTIN_TAGS: dict[str, TagSpec] = {
     spec.tag: spec
     for spec in (
         _sokoban("SimpleSokoban", (6, 6), 1, 300),
+        _sokoban("SimpleSokobanBand", (6, 6), 1, 300, max_optimal_moves=BAND_MAX_MOVES),
         _sokoban("LargerSokoban", (8, 8), 2, 10),
         _sokoban("SokobanDifferentGridVocab", (6, 6), 1, 30, DIFF_VOCAB_LOOKUP),
         TagSpec("FrozenLake", "frozen_lake", {"size": 4, "p": 0.8, "is_slippery": True}, 10, 100,
                 FROZEN_LAKE_INSTRUCTION, fl.DEFAULT_GRID_VOCAB, tuple(fl.ACTION_LOOKUP.values())),
+        TagSpec("FrozenLakeNoSlip", "frozen_lake", {"size": 4, "p": 0.8, "is_slippery": False}, 10, 100,
+                FROZEN_LAKE_NO_SLIP_INSTRUCTION, fl.DEFAULT_GRID_VOCAB, tuple(fl.ACTION_LOOKUP.values())),
         TagSpec("Maze", "maze", {"size": 6, "p_open": 0.7, "min_distance": 3}, 10, 100, MAZE_INSTRUCTION,
                 maze.DEFAULT_GRID_VOCAB, tuple(maze.ACTION_LOOKUP.values())),
         _bandit("Bandit", "Phoenix", "Dragon"),

@@ -1,5 +1,6 @@
 """Confidence intervals as pure functions: Wilson score intervals for rates, Newcombe intervals for their
-differences, a normal interval for means."""
+differences, a normal interval for means; for the same seeds scored before and after training, a paired bootstrap
+interval, the exact McNemar test and the paired test's power."""
 
 from __future__ import annotations
 
@@ -58,3 +59,44 @@ def rate_difference(hits_a: float, n_a: int, hits_b: float, n_b: int, z: float =
     lb, ub = wilson(hits_b, n_b, z)
     d = pa - pb
     return d, d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2), d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)
+
+
+def paired_bootstrap(diffs: Sequence[float], *, resamples: int = 10_000, seed: int = 0, z: float = Z95
+                     ) -> tuple[float, float, float]:
+    """Mean of paired differences (one per panel seed: after - before) and its percentile bootstrap interval:
+    the seeds are resampled with replacement, so the interval keeps each seed's before and after together and
+    assumes nothing about the shape of the differences. ``z`` sets the level (95% by default); the resampling is
+    seeded, so a result is reproducible. NaNs for no seeds."""
+    import numpy as np
+
+    d = np.asarray(diffs, dtype=np.float64)
+    if d.size == 0:
+        return math.nan, math.nan, math.nan
+    alpha = math.erfc(z / math.sqrt(2))  # two-sided: 0.05 at Z95
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, d.size, size=(resamples, d.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2], method="inverted_cdf")
+    return float(d.mean()), float(lo), float(hi)
+
+
+def mcnemar_exact(gained: int, lost: int) -> float:
+    """Two-sided exact McNemar p-value for paired successes: ``gained`` seeds failed before and succeeded after,
+    ``lost`` the reverse; under no change each discordant seed is a fair coin: p = min(1, 2 P(X <= min) ) with
+    X ~ Binomial(gained + lost, 1/2). 1.0 with no discordant seed."""
+    n = gained + lost
+    if gained < 0 or lost < 0:
+        raise ValueError(f"counts must be >= 0, got {gained} and {lost}")
+    if n == 0:
+        return 1.0
+    tail = math.fsum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def paired_power(sd: float, n: int, effect: float = 0.10, z: float = Z95) -> float:
+    """Power of the two-sided paired test at ``z`` to find a mean difference of ``effect`` over ``n`` seeds whose
+    differences spread with standard deviation ``sd`` (normal approximation): Phi(effect sqrt(n) / sd - z)."""
+    if n <= 0 or not sd >= 0:
+        return math.nan
+    if sd == 0:
+        return 1.0
+    return 0.5 * math.erfc(-(effect * math.sqrt(n) / sd - z) / math.sqrt(2))

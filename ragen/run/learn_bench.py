@@ -1,11 +1,12 @@
 """``ragen bench learn``: learning measured as a benchmark, not a test. A fresh run (the plain loop: real rollout
 engine and DeepSpeed, no orchestrator) trains for a number of iterations while a fixed seed panel is scored before
 training, at every ``trainer.test_freq`` and after the last iteration. The result is one JSON object: per panel
-tag the success rate before and after with 95% Wilson intervals, their difference with its 95% Newcombe interval
-and the format-error rates; wall time, seconds per iteration and the update's share of them; and the settings
-that produced it. The learning curve (train and panel success and score per update) and the training signals
-per iteration (score of the updated trajectories, entropy, critic explained variance, KL to the start, clip
-fraction) are written as CSV beside it, and plotted together in one figure."""
+tag the success rate before and after with 95% Wilson intervals, their difference with its 95% Newcombe interval,
+the same difference paired by panel seed (bootstrap interval, McNemar's test at one sample per seed, and the
+panel's power for +10 pp) and the format-error rates; wall time, seconds per iteration and the update's share of
+them; and the settings that produced it. The learning curve (train and panel success and score per update) and
+the training signals per iteration (score of the updated trajectories, entropy, critic explained variance, KL to
+the start, clip fraction) are written as CSV beside it, and plotted together in one figure."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ragen.config import Config, load_config
 from ragen.eval.evaluate import ROLLOUTS
 from ragen.eval.metrics import panel_metrics
 from ragen.eval.panels import VAL_SEED, make_panel, read_panel, write_panel
-from ragen.eval.stats import rate_difference, wilson
+from ragen.eval.stats import mcnemar_exact, paired_bootstrap, paired_power, rate_difference, wilson
 from ragen.io import write_json
 from ragen.run.iteration import EVAL_INIT, panel_eval_dir
 from ragen.run.progress import iteration_line
@@ -98,17 +99,48 @@ def resolve_config(spec: LearnSpec, out: Path) -> tuple[Config, Path]:
 
 
 def tag_change(before: pd.DataFrame, after: pd.DataFrame, tag: str) -> dict[str, Any]:
-    """One tag's success before and after (Wilson 95%), the difference (Newcombe 95%) and format-error rates."""
+    """One tag's success before and after (Wilson 95%), the difference (Newcombe 95%, as if the two were separate
+    samples), the same difference paired by panel seed (``paired_change``) and format-error rates."""
     b, a = before[before["tag"] == tag], after[after["tag"] == tag]
     hb, ha = int(b["success"].astype(bool).sum()), int(a["success"].astype(bool).sum())
     nb, na = len(b), len(a)
     mb, ma = panel_metrics(b), panel_metrics(a)
     d, lo, hi = rate_difference(ha, na, hb, nb)
     return {"n": na, "n_before": nb, "before": hb / nb, "before_ci": list(wilson(hb, nb)), "after": ha / na,
-            "after_ci": list(wilson(ha, na)), "diff": d, "diff_ci": [lo, hi],
+            "after_ci": list(wilson(ha, na)), "diff": d, "diff_ci": [lo, hi], **paired_change(b, a),
             "format_errors_before": mb[f"{tag}/format_error_rate"],
             "format_errors_after": ma[f"{tag}/format_error_rate"],
             "score_before": mb[f"{tag}/reward"], "score_after": ma[f"{tag}/reward"]}
+
+
+def paired_change(before: pd.DataFrame, after: pd.DataFrame) -> dict[str, Any]:
+    """The same panel seeds before and after: per seed, its success rate over its samples after minus before.
+    ``paired_diff`` is their mean with a 95% paired bootstrap interval over seeds (``paired_diff_ci``); with one
+    sample per seed also the exact McNemar p-value over the seeds that changed (``mcnemar_p``, ``gained`` and
+    ``lost``). ``power_10pp``: the chance this panel finds a true +10 pp at 95% (normal approximation with the
+    spread of the per-seed differences measured here; where no seed changed, the spread two independent draws at
+    the baseline would have)."""
+    import numpy as np
+
+    rate_b = before.groupby("seed")["success"].mean()
+    rate_a = after.groupby("seed")["success"].mean()
+    seeds = rate_b.index.intersection(rate_a.index)
+    if len(seeds) < len(rate_b.index.union(rate_a.index)):
+        raise ValueError(f"the panel before and after training holds different seeds ({len(rate_b)} and "
+                         f"{len(rate_a)}, {len(seeds)} in common): the paired comparison needs the same panel")
+    diffs = (rate_a[seeds] - rate_b[seeds]).to_numpy(dtype=np.float64)
+    k = int(min(before.groupby("seed").size().min(), after.groupby("seed").size().min()))
+    mean, lo, hi = paired_bootstrap(diffs)
+    sd = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0
+    if sd == 0:
+        p = min(float(rate_b.mean()) + 0.05, 1.0)
+        sd = float(np.sqrt(2 * p * (1 - p) / k))
+    out: dict[str, Any] = {"paired_n": len(seeds), "samples_per_seed": k, "paired_diff": mean,
+                           "paired_diff_ci": [lo, hi], "power_10pp": paired_power(sd, len(seeds))}
+    if k == 1:
+        gained, lost = int((diffs > 0).sum()), int((diffs < 0).sum())
+        out.update({"gained": gained, "lost": lost, "mcnemar_p": mcnemar_exact(gained, lost)})
+    return out
 
 
 def _frame_rows(df: pd.DataFrame, updates: int, split: str) -> list[dict[str, Any]]:

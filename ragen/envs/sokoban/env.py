@@ -8,6 +8,7 @@ from typing import Any
 from gymnasium import spaces
 
 from ragen.envs.base import TextEnv, text_space
+from ragen.envs.seeding import layout_rng
 from ragen.envs.sokoban.generator import generate_room
 from ragen.envs.sokoban.room import ACTION_LOOKUP, DEFAULT_GRID_LOOKUP, TARGET, WALL, Room
 from ragen.envs.sokoban.solver import optimal_length
@@ -16,6 +17,10 @@ PENALTY_FOR_STEP = -0.1
 REWARD_BOX_ON_TARGET = 1.0
 PENALTY_BOX_OFF_TARGET = -1.0
 REWARD_FINISHED = 10.0
+# a difficulty band (max_optimal_moves): seed s draws its room from the candidate seeds s * BAND_STRIDE + j, the
+# first whose optimal solution is short enough. Distinct seeds own disjoint candidates, so disjoint seed ranges
+# (training vs panel) stay disjoint rooms, and consecutive seeds never land on the same room.
+BAND_STRIDE = 64
 
 
 class SokobanEnv(TextEnv):
@@ -24,12 +29,18 @@ class SokobanEnv(TextEnv):
     Every executed action costs 0.1, including no-ops into walls or blocked boxes; +1 / -1 when the number of
     boxes on targets rises / falls; +10 when all boxes are on targets (terminated). The episode is truncated
     after ``max_steps`` actions. ``reset(options={"room": Room | text})`` starts from a given room.
+    ``max_optimal_moves`` = N keeps only rooms the solver solves in at most N moves (a difficulty band chosen by
+    the solver, never by the model; see ``BAND_STRIDE``).
     """
 
     def __init__(self, dim: tuple[int, int] = (6, 6), num_boxes: int = 1, search_depth: int = 300,
                  max_steps: int = 100, num_gen_steps: int | None = None,
-                 grid_lookup: Mapping[int, str] | None = None, render_mode: str | None = None) -> None:
+                 grid_lookup: Mapping[int, str] | None = None, max_optimal_moves: int | None = None,
+                 render_mode: str | None = None) -> None:
         super().__init__(render_mode)
+        if max_optimal_moves is not None and int(max_optimal_moves) < 1:
+            raise ValueError(f"max_optimal_moves must be >= 1 (or None: every room), got {max_optimal_moves}")
+        self.max_optimal_moves = None if max_optimal_moves is None else int(max_optimal_moves)
         self.dim = (int(dim[0]), int(dim[1]))
         self.num_boxes = int(num_boxes)
         self.search_depth = int(search_depth)
@@ -51,7 +62,9 @@ class SokobanEnv(TextEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         rng = self._seed_streams(seed, options)
         given = (options or {}).get("room")
-        if given is None:
+        if given is None and self.max_optimal_moves is not None and seed is not None:
+            room = self._band_room(int(seed))
+        elif given is None:
             room = generate_room(self.dim, self.num_boxes, self.search_depth, rng, self.num_gen_steps)
         elif isinstance(given, Room):
             room = given
@@ -63,6 +76,17 @@ class SokobanEnv(TextEnv):
         self.num_env_steps = 0
         self._boxes_on_target = sum(1 for b in self._boxes if room.fixed[b] == TARGET)
         return self.render_text(), {"success": self._solved()}
+
+    def _band_room(self, seed: int) -> Room:
+        assert self.max_optimal_moves is not None
+        for j in range(BAND_STRIDE):
+            room = generate_room(self.dim, self.num_boxes, self.search_depth, layout_rng(seed * BAND_STRIDE + j),
+                                 self.num_gen_steps)
+            n = optimal_length(room)
+            if n is not None and n <= self.max_optimal_moves:
+                return room
+        raise RuntimeError(f"none of seed {seed}'s {BAND_STRIDE} candidate rooms is solvable in at most "
+                           f"{self.max_optimal_moves} moves; raise max_optimal_moves")
 
     def _solved(self) -> bool:
         assert self.room is not None
