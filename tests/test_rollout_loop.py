@@ -219,3 +219,54 @@ def test_instances_disagreeing_with_the_env_are_rejected(tokenizer, renderer):
     inst.loc[1, "initial_state"] = "#####\n#P_X#\n#####"
     with pytest.raises(ValueError, match="resets to a different state"):
         run(engine, renderer, inst)
+
+
+def test_watch_metrics_by_hand(tokenizer, renderer, fixed_room):
+    """ROOM puts the player at row 2, column 2 (from 1). Group 0 (2 members): turn 1 states that position and
+    walks two right, turn 2 states row 2, column 2 again (it is at column 4 now: wrong) and pushes: solved in 3
+    actions. Group 1 (2 members) states no position and walks left into the wall for all 5 turns: not solved.
+    So 4 of the 14 turns state a position, 2 of those 4 right; 4 actions per episode on average; one group all
+    solved, one none."""
+    from ragen.agent.parsing import NO_CLAIM, RIGHT_CLAIM, WRONG_CLAIM
+    from ragen.rollout.metrics import watch_metrics
+
+    good = ["<think>I am at row 2, column 2.</think><answer>Right || Right</answer>",
+            "<think>I am at row 2, column 2 still</think><answer>Right</answer>"]
+    stuck = "<think>no idea</think><answer>Left</answer>"
+    frames = []
+    for group, script in ((0, lambda call, prompt: good[min(call, 1)]), (1, lambda call, prompt: stuck)):
+        inst = sokoban_instances(2, group_size=2).assign(group=group)
+        res = run(ScriptedEngine(tokenizer, script), renderer, inst)
+        frames.append(rollouts_frame(inst, res.trajectories))
+    df = pd.concat(frames, ignore_index=True)
+    assert [list(x) for x in df["turn_position_match"]] == [[RIGHT_CLAIM, WRONG_CLAIM]] * 2 + [[NO_CLAIM] * 5] * 2
+    m = watch_metrics(df)
+    assert m["think_position_stated"] == pytest.approx(4 / 14) and m["think_position_right"] == 0.5
+    assert m["actions_per_episode"] == 4.0
+    assert m["groups_all_success"] == 1.0 and m["groups_no_success"] == 1.0
+    assert m["tokens_per_turn"] == pytest.approx(df["response_length"].sum() / 14)
+    e = env_metrics(df)
+    assert e["rollout/think_position_right"] == 0.5 and e["SimpleSokoban/groups_no_success"] == 1.0
+
+
+def test_position_claims_and_env_cells():
+    """The warm-start's wording, from 1; an env's agent cell from 0."""
+    from ragen.agent.parsing import NO_CLAIM, RIGHT_CLAIM, WRONG_CLAIM, check_position_claim, position_claim
+    from ragen.envs import get_tag
+
+    assert position_claim("I am at row 4, column 2. The box is at row 3, column 2") == (4, 2)
+    assert position_claim("i am at row 10 column 3") == (10, 3)
+    assert position_claim("The box is at row 3, column 2") is None
+    assert check_position_claim("I am at row 4, column 2.", (3, 1)) == RIGHT_CLAIM
+    assert check_position_claim("I am at row 5, column 5.", (3, 1)) == WRONG_CLAIM
+    assert check_position_claim("go left", (3, 1)) == NO_CLAIM
+    assert check_position_claim("I am at row 1, column 1", None) == NO_CLAIM
+    sok = get_tag("SimpleSokoban").make()
+    sok.reset(seed=0, options={"room": ROOM})
+    assert sok.agent_cell() == (1, 1)
+    sok.step(4)  # Right
+    assert sok.agent_cell() == (1, 2)
+    lake = get_tag("FrozenLake").make()
+    lake.reset(seed=3)
+    assert lake.agent_cell() == lake.position
+    assert get_tag("Bandit").make().agent_cell() is None

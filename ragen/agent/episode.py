@@ -8,7 +8,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ragen.agent.chat import ChatRenderer, Kind, Message
-from ragen.agent.parsing import MappedActions, ParsedResponse, map_actions, parse_response
+from ragen.agent.parsing import (
+    NO_CLAIM,
+    MappedActions,
+    ParsedResponse,
+    check_position_claim,
+    map_actions,
+    parse_response,
+)
 from ragen.agent.prompts import first_user_message, forced_prefix, reward_message, state_block, turn_header
 from ragen.agent.turns import TurnOutcome, execute_turn
 from ragen.config import AgentConfig
@@ -29,6 +36,7 @@ class Entry:
     mapped: MappedActions | None = None
     outcome: TurnOutcome | None = None
     finish_reason: str = ""  # the engine's: "stop" (end-of-turn sampled) or "length"
+    position_match: int = NO_CLAIM  # the think's stated position against the agent's (parsing.check_position_claim)
 
     @property
     def answered(self) -> bool:
@@ -64,6 +72,7 @@ class Trajectory:
     turn_effective: list[bool] = field(default_factory=list)  # ... and changed the state
     turn_format_error: list[bool] = field(default_factory=list)
     turn_finish_reasons: list[str] = field(default_factory=list)
+    turn_position_match: list[int] = field(default_factory=list)  # NO_CLAIM / WRONG_CLAIM / RIGHT_CLAIM per turn
     context_exhausted: bool = False  # stopped because the next prompt no longer fit max_model_len
 
 
@@ -139,6 +148,7 @@ class Episode:
         entry.parsed = parse_response(entry.text, enable_think=self.agent.enable_think,
                                       max_actions=self.agent.max_actions_per_turn, action_sep=self.agent.action_sep)
         entry.mapped = map_actions(entry.parsed.actions, self.env.action_lookup)
+        entry.position_match = check_position_claim(entry.parsed.think, self.env.agent_cell())
         if entry.mapped.format_error:
             self.penalty += self.agent.format_penalty
             self.num_format_errors += 1
@@ -203,4 +213,5 @@ class Episode:
             turn_valid=valid, turn_effective=effective,
             turn_format_error=[bool(e.mapped and e.mapped.format_error) for e in answered],
             turn_finish_reasons=[e.finish_reason for e in answered], context_exhausted=self.context_exhausted,
+            turn_position_match=[e.position_match for e in answered],
         )

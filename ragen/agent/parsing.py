@@ -10,6 +10,10 @@ THINK_PATTERN = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.
 ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 STRIPPED_STRINGS = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
 DEFAULT_ACTION_SEP = "||"
+# the position a think states, as the warm-start's demonstrations word it ("I am at row 4, column 2", from 1)
+POSITION_CLAIM = re.compile(r"\bI am at row (\d+),? column (\d+)", re.IGNORECASE)
+# turn_position_match codes: the think stated no position / a wrong one / the agent's own
+NO_CLAIM, WRONG_CLAIM, RIGHT_CLAIM = -1, 0, 1
 
 
 @dataclass(frozen=True)
@@ -75,3 +79,18 @@ def map_actions(actions: tuple[str, ...] | list[str], lookup: Mapping[int, str])
     by_name = {name.strip().lower(): i for i, name in lookup.items()}
     ids = tuple(by_name[a.strip().lower()] for a in actions if a.strip().lower() in by_name)
     return MappedActions(ids, len(actions), len(ids))
+
+
+def position_claim(think: str) -> tuple[int, int] | None:
+    """The (row, column) the think says the agent stands at, counted from 1, or None if it says none."""
+    m = POSITION_CLAIM.search(think)
+    return None if m is None else (int(m.group(1)), int(m.group(2)))
+
+
+def check_position_claim(think: str, cell: tuple[int, int] | None) -> int:
+    """``RIGHT_CLAIM`` when the think's stated position is the agent's ``cell`` (row, column from 0),
+    ``WRONG_CLAIM`` when it is another, ``NO_CLAIM`` when the think states none or the env has no position."""
+    claim = position_claim(think)
+    if claim is None or cell is None:
+        return NO_CLAIM
+    return RIGHT_CLAIM if claim == (cell[0] + 1, cell[1] + 1) else WRONG_CLAIM

@@ -58,6 +58,11 @@ class TextEnv(gym.Env[str, np.int64]):
     def render_text(self) -> str:
         raise NotImplementedError
 
+    def agent_cell(self) -> tuple[int, int] | None:
+        """Where the agent stands now as (row, column) from 0, in a grid env; None where there is no position.
+        The rollout checks the position a think claims against it (``ragen.agent.parsing.position_claim``)."""
+        return None
+
     def optimal_length(self) -> int | None:
         """The optimal action count from the current initial state where one is defined (None: not defined, e.g.
         a one-step env). Written into the instances table; instances.py calls it right after reset."""

@@ -100,6 +100,9 @@ class FrozenLakeEnv(TextEnv):
             raise RuntimeError("call reset() first")
         return divmod(int(self._lake.s), self.size)
 
+    def agent_cell(self) -> tuple[int, int] | None:
+        return None if self._lake is None else self.position
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         rng = self._seed_streams(seed, options)
         desc = (options or {}).get("desc") or random_map(self.size, self.p, rng)

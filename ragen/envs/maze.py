@@ -89,6 +89,9 @@ class MazeEnv(TextEnv):
         return dict(ACTION_LOOKUP)
 
     @property
+    def agent_cell(self) -> tuple[int, int] | None:
+        return None if self.layout is None else self.player
+
     def goal(self) -> tuple[int, int]:
         if self.layout is None:
             raise RuntimeError("call reset() first")

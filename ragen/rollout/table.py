@@ -15,7 +15,8 @@ from ragen.tables import read_table, write_table
 KEYS = ["iteration", "mode", "env_id", "tag", "group", "member", "seed"]
 SEQUENCE = ["input_ids", "loss_mask", "sampled_logprobs", "kinds", "reward_positions", "reward_values"]
 PER_TURN = ["turn_actions", "turn_valid", "turn_effective", "turn_rewards", "turn_format_error",
-            "turn_end_positions", "turn_finish_reasons"]
+            "turn_end_positions", "turn_finish_reasons", "turn_position_match"]
+ADDED_LATER = {"turn_position_match"}  # columns that tables written by earlier versions lack
 SCALARS = ["score", "success", "format_penalty", "num_format_errors", "response_length", "num_turns",
            "num_actions", "action_is_valid", "action_is_effective", "terminated", "truncated", "context_exhausted",
            "length"]
@@ -40,7 +41,7 @@ def rollouts_frame(instances: pd.DataFrame, trajectories: Sequence[Trajectory]) 
             reward_values=rewards[pos], turn_actions=[list(a) for a in t.actions], turn_valid=t.turn_valid,
             turn_effective=t.turn_effective, turn_rewards=t.turn_rewards, turn_format_error=t.turn_format_error,
             turn_end_positions=t.turn_end_positions, turn_finish_reasons=t.turn_finish_reasons,
-            length=len(t.input_ids))
+            turn_position_match=t.turn_position_match, length=len(t.input_ids))
         row.update({k: d[k] for k in SCALARS if k in d})
         rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -58,4 +59,5 @@ def write_rollouts(df: pd.DataFrame, path: str | Path) -> Path:
 
 
 def read_rollouts(path: str | Path) -> pd.DataFrame:
-    return read_table(path, "rollouts", COLUMNS, "collect it again with `ragen rollout`")
+    return read_table(path, "rollouts", [c for c in COLUMNS if c not in ADDED_LATER],
+                      "collect it again with `ragen rollout`")

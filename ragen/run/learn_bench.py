@@ -45,7 +45,15 @@ CURVE_FIELDS = ("updates", "split", "tag", "n", "success", "success_lo", "succes
 TRAINING_METRICS = {"score": "critic/score/mean", "entropy": "actor/entropy_loss",
                     "explained_variance": "critic/vf_explained_var", "kl_to_start": "rollout/kl_old_ref",
                     "clip_fraction": "actor/pg_clipfrac", "ppo_kl": "actor/ppo_kl",
-                    "zero_variance_groups": "actor/zero_variance_groups", "seconds": "timing_s/iteration"}
+                    "zero_variance_groups": "actor/zero_variance_groups",
+                    # what to watch beside success (issue 39): rollouts of the iteration, then its update
+                    "tokens_per_turn": "rollout/tokens_per_turn", "actions_per_episode": "rollout/actions_per_episode",
+                    "groups_all_success": "rollout/groups_all_success",
+                    "groups_no_success": "rollout/groups_no_success",
+                    "think_position_right": "rollout/think_position_right",
+                    "advantage_mean": "critic/advantages/mean", "advantage_std": "critic/advantages/std",
+                    "advantage_token_sum": "critic/advantages/token_sum_mean",
+                    "grad_norm": "actor/grad_norm", "seconds": "timing_s/iteration"}
 TRAINING_FIELDS = ("iteration", *TRAINING_METRICS)
 # --quick: a smoke run of a few minutes on the real model (4 groups x 4 rollouts, 2 iterations, 16-seed panel)
 QUICK = ("envs.train.n_groups=[4]", "envs.train.group_size=4", "actor.ppo_mini_batch_size=4",
@@ -194,7 +202,9 @@ def plot_curve(rows: Sequence[dict[str, Any]], path: Path, training: Sequence[di
     """Success per update, a panel per tag: the train rollouts as a line with its 95% band, the panel
     evaluations as points with their 95% intervals. With ``training``, more panels follow, three to a row: mean
     score (train rollouts and panel per tag), the policy's entropy, the critic's explained variance, the KL to the
-    start and the clip fraction, per iteration (iteration k is the update after k updates)."""
+    start, the clip fraction, the gradient norm before clipping, response tokens per turn, actions per episode,
+    groups without a success signal, how often the think states its position right and the token-summed
+    advantage, per iteration (iteration k is the update after k updates)."""
     import math
 
     import matplotlib
@@ -204,7 +214,12 @@ def plot_curve(rows: Sequence[dict[str, Any]], path: Path, training: Sequence[di
 
     tags = list(dict.fromkeys(r["tag"] for r in rows))
     signals = (("entropy", "entropy (nats/token)"), ("explained_variance", "critic explained variance"),
-               ("kl_to_start", "KL to the start (nats/token)"), ("clip_fraction", "clip fraction"))
+               ("kl_to_start", "KL to the start (nats/token)"), ("clip_fraction", "clip fraction"),
+               ("grad_norm", "actor gradient norm before clipping"),
+               ("tokens_per_turn", "response tokens per turn"), ("actions_per_episode", "actions per episode"),
+               (("groups_all_success", "groups_no_success"), "groups: all / none succeeded"),
+               ("think_position_right", "think states its position right"),
+               ("advantage_token_sum", "advantage summed over a trajectory (mean)"))
     n = len(tags) + (1 + len(signals) if training else 0)
     ncols = min(n, 3)
     nrows = math.ceil(n / ncols)
@@ -238,16 +253,23 @@ def plot_curve(rows: Sequence[dict[str, Any]], path: Path, training: Sequence[di
                                label=f"{tag} {split}")
         score.set(title="mean score", xlabel="updates")
         score.legend(fontsize=8)
-        for ax, (key, title) in zip(axes[len(tags) + 1:], signals, strict=False):
-            x, y = _series(training, key)
-            if key == "explained_variance":  # <= 1 by definition; below -1 (a critic far worse than a constant,
-                # or returns with almost no spread in runs logged before that read as undefined) is left out
-                y = [v if v >= -1 else float("nan") for v in y]
-                ax.axhline(0.3, color="grey", ls=":", lw=1)
-                ax.set_ylim(-1, 1)
-            ax.plot(x, y, ".-")
+        for ax, (keys, title) in zip(axes[len(tags) + 1:], signals, strict=False):
+            drawn = 0
+            for key in (keys,) if isinstance(keys, str) else keys:
+                if not training or key not in training[0]:  # a training.csv of an earlier version
+                    continue
+                x, y = _series(training, key)
+                if key == "explained_variance":  # <= 1 by definition; below -1 (a critic far worse than a
+                    # constant, or returns with almost no spread in runs logged before that read as undefined)
+                    y = [v if v >= -1 else float("nan") for v in y]
+                    ax.axhline(0.3, color="grey", ls=":", lw=1)
+                    ax.set_ylim(-1, 1)
+                ax.plot(x, y, ".-", label=key.replace("_", " "))
+                drawn += len(x)
+            if not isinstance(keys, str):
+                ax.legend(fontsize=8)
             ax.set(title=title, xlabel="updates")
-            if not x:  # e.g. GRPO has no critic; value-only iterations have no actor step
+            if not drawn:  # e.g. GRPO has no critic; value-only iterations have no actor step
                 ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -218,9 +218,7 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
         adv = torch.zeros_like(adv)
     # the score as the env gave it (veRL's critic/score), and what the update used after reward normalisation
     metrics.update({"critic/score/mean": float(np.mean(seqs.scores)), "critic/rewards/mean": float(scores.mean()),
-                    "critic/advantages/mean": float(masked_mean(adv, actor_mask)) if has else 0.0,
-                    "critic/advantages/max": float(adv[actor_mask].max()) if has else 0.0,
-                    "critic/advantages/min": float(adv[actor_mask].min()) if has else 0.0})
+                    **advantage_metrics(adv, actor_mask)})
     if returns is not None and values is not None:
         metrics["critic/returns/mean"] = float(masked_mean(returns, mask))
         metrics["critic/values/mean"] = float(masked_mean(values, mask))
@@ -260,6 +258,24 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
     result.metrics["update/tokens_per_s"] = n_tokens / result.metrics["timing_s/update"]
     result.lists = dict(lists)
     return result
+
+
+def advantage_metrics(adv: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """``critic/advantages/*`` of the tokens the actor trains on (``mask``, (b, L)): mean, std (unbiased), max,
+    min, and per trajectory with any such token the advantage summed over them (``token_sum_mean`` and
+    ``token_sum_abs_mean``): whitening is per token, so a long trajectory weighs more in the loss than one
+    trajectory's share, pushed up or down as a whole. Zeros when nothing is trained."""
+    m = mask.bool()
+    vals = adv[m]
+    if not len(vals):
+        return {f"critic/advantages/{k}": 0.0 for k in ("mean", "std", "max", "min", "token_sum_mean",
+                                                       "token_sum_abs_mean")}
+    summed = (adv * m).sum(dim=1)[m.any(dim=1)]
+    return {"critic/advantages/mean": float(vals.mean()), "critic/advantages/max": float(vals.max()),
+            "critic/advantages/min": float(vals.min()),
+            "critic/advantages/std": float(vals.std()) if len(vals) > 1 else 0.0,
+            "critic/advantages/token_sum_mean": float(summed.mean()),
+            "critic/advantages/token_sum_abs_mean": float(summed.abs().mean())}
 
 
 class _PhaseClock:

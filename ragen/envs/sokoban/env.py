@@ -133,6 +133,11 @@ class SokobanEnv(TextEnv):
     def render_text(self) -> str:
         return self.current_room().render(self.grid_lookup)
 
+    def agent_cell(self) -> tuple[int, int] | None:
+        if self.room is None:
+            return None
+        return divmod(self._player, self.room.width)
+
     def optimal_length(self) -> int | None:
         """BFS-optimal number of moves that solves the current room."""
         return optimal_length(self.current_room())
