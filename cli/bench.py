@@ -136,6 +136,9 @@ def bench_learn_cmd(as_json: JsonOpt = False,
                         help="a named experiment (`ragen experiments list`) instead of params.yaml")] = None,
                     scale: Annotated[str, typer.Option(help="the experiment's scale: cpu-small | paper")]
                     = "cpu-small",
+                    resume: Annotated[bool, typer.Option(
+                        "--resume", help="continue the unfinished measurement in --out (stopped or killed) after its "
+                                         "last completed iteration, with the settings it started with")] = False,
                     redraw: Annotated[Path | None, typer.Option(
                         help="redraw the CSVs and curve.png of a finished measurement (its --out directory) "
                              "from its run directory, and stop")] = None,
@@ -143,7 +146,7 @@ def bench_learn_cmd(as_json: JsonOpt = False,
     """Learning as a benchmark: train a fresh run (vLLM + DeepSpeed, plain loop) and score a fixed panel before,
     every trainer.test_freq and after; per tag success before/after (Wilson 95%) and the change (Newcombe 95%).
     Default: the main command's settings (params.yaml: cpu-small + cpu-bandit, Bandit with thinking, 6 iterations)."""
-    from ragen.run.learn_bench import LearnSpec, bench_learn
+    from ragen.run.learn_bench import SPEC_JSON, LearnSpec, bench_learn
     from ragen.run.learn_bench import redraw as redraw_files
 
     if redraw is not None:
@@ -152,6 +155,20 @@ def bench_learn_cmd(as_json: JsonOpt = False,
         except FileNotFoundError as e:
             fail(str(e))
         typer.echo(json.dumps(result) if as_json else f"{result['plot']}, {result['curve']}, {result['training']}")
+        return
+    if resume:
+        given = [n for n, v in (("--params", params), ("--preset", preset), ("--set", overrides),
+                                ("--experiment", experiment), ("--iterations", iterations), ("--panel", panel))
+                 if v]
+        if out is None or given:
+            fail(f"--resume continues the measurement in --out with the settings saved there ({SPEC_JSON}): give "
+                 f"--out alone" + (f", without {', '.join(given)}" if given else ""))
+        try:
+            with stdout_to_stderr():
+                result = bench_learn(LearnSpec(out=str(out)), resume=True)
+        except (FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
+            fail(str(e.args[0]) if isinstance(e, KeyError) else str(e))
+        typer.echo(json.dumps(result))
         return
     if experiment is not None:
         r = resolve_experiment(experiment, scale, 0, overrides)

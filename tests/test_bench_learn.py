@@ -103,7 +103,7 @@ def test_quick_bench_prints_the_before_after_json_and_writes_the_curve(tmp_path,
     assert float(table[0]["metrics.learn/Bandit/diff"]) == pytest.approx(t["diff"])
 
     again = bench(out)  # every measurement trains from a fresh run directory
-    assert again.returncode == 2 and "already holds a learning run" in again.stderr
+    assert again.returncode == 2 and "holds a finished learning measurement" in again.stderr
 
 
 @pytest.mark.unit
@@ -122,6 +122,34 @@ def test_bad_settings_fail_before_any_model_loads(tmp_path):
     r = invoke("--experiment", "starpo-s-bandt")
     assert r.exit_code == 2 and "did you mean 'starpo-s-bandit'" in r.output
     assert not (tmp_path / "x" / "learn.json").exists()
+
+
+@pytest.mark.unit
+def test_an_unfinished_measurement_is_continued_only_with_resume_and_its_own_settings(tmp_path):
+    """A measurement stopped after iteration 0: a new start in its --out is refused and names --resume; --resume
+    takes the settings saved at its start (spec.json), and refuses settings given beside it."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from ragen.run.learn_bench import SPEC_JSON, LearnSpec, bench_learn, saved_spec
+
+    out = tmp_path / "m"
+    spec = LearnSpec(presets=("cpu-small",), overrides=("actor.lr=1e-6",), iterations=3, out=str(out), quick=True)
+    (out / "run" / "iter_00000").mkdir(parents=True)
+    (out / "run" / "iter_00000" / "COMPLETE").write_text("")
+    with pytest.raises(FileExistsError, match="1 iterations done.*--resume"):
+        bench_learn(spec)
+    r = CliRunner().invoke(app, ["bench", "learn", "--resume", "--out", str(out)])
+    assert r.exit_code == 2 and "no measurement to resume" in r.output
+    json_spec = {"params": None, "presets": ["cpu-small"], "overrides": ["actor.lr=1e-6"], "iterations": 3,
+                 "panel": None, "panel_size": 128, "tags": None, "out": str(out), "quick": True,
+                 "keep_checkpoints": False, "experiment": None}
+    (out / SPEC_JSON).write_text(json.dumps(json_spec))
+    assert saved_spec(out) == spec
+    r = CliRunner().invoke(app, ["bench", "learn", "--resume", "--out", str(out), "--set", "actor.lr=1"])
+    assert r.exit_code == 2 and "without --set" in r.output
+    r = CliRunner().invoke(app, ["bench", "learn", "--resume"])
+    assert r.exit_code == 2 and "give --out alone" in r.output
 
 
 @pytest.mark.unit

@@ -37,6 +37,7 @@ CURVE_CSV = "curve.csv"
 CURVE_PNG = "curve.png"
 TRAINING_CSV = "training.csv"
 PANEL_JSON = "panel.json"
+SPEC_JSON = "spec.json"  # the measurement's settings, for --resume
 RUN_NAME = "run"
 DEFAULT_PANEL_SIZE = 128  # seeds per tag: a 95% interval of about +-8 pp at a 30% rate
 CURVE_FIELDS = ("updates", "split", "tag", "n", "success", "success_lo", "success_hi", "score", "format_error_rate")
@@ -330,18 +331,39 @@ def _progress(k: int, m: dict[str, float], last: int, t0: float) -> None:
     print(f"{iteration_line(k, m, last)}, {time.monotonic() - t0:.0f} s in all", file=sys.stderr, flush=True)
 
 
-def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, float], None] | None = _progress
-                ) -> dict[str, Any]:
+def saved_spec(out: str | Path) -> LearnSpec:
+    """The settings an unfinished measurement in ``out`` started with (``--resume``)."""
+    path = Path(out) / SPEC_JSON
+    if not path.is_file():
+        raise FileNotFoundError(f"{out} holds no measurement to resume (no {SPEC_JSON}); start one with --out")
+    raw = json.loads(path.read_text())
+    for key in ("presets", "overrides", "tags"):
+        if raw.get(key) is not None:
+            raw[key] = tuple(raw[key])
+    return LearnSpec(**raw)
+
+
+def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, float], None] | None = _progress,
+                resume: bool = False) -> dict[str, Any]:
     """Train a fresh run under ``spec.out`` and return the before/after JSON (also written to ``learn.json``,
-    with ``curve.csv`` and its plot ``curve.png`` beside it). An existing ``learn.json`` there is refused: each
-    measurement starts fresh."""
+    with ``curve.csv`` and its plot ``curve.png`` beside it). A finished measurement there is refused; an
+    unfinished one (stopped or killed) is refused unless ``resume``, which continues it after its last completed
+    iteration with the settings it started with (``saved_spec``), ending as if never stopped."""
+    from dataclasses import asdict
+
     from ragen.run.loop import run_training
 
     out = Path(spec.out)
-    if (out / RESULT_JSON).exists() or RunDir.at(out, RUN_NAME).completed():
-        raise FileExistsError(f"{out} already holds a learning run; give a new --out (each measurement trains "
-                              f"from a fresh run directory)")
+    if (out / RESULT_JSON).exists():
+        raise FileExistsError(f"{out} holds a finished learning measurement; give a new --out")
+    started = RunDir.at(out, RUN_NAME).completed()
+    if started and not resume:
+        raise FileExistsError(f"{out} already holds a learning run ({len(started)} iterations done); give a new "
+                              f"--out, or --resume to continue it")
+    if resume:
+        spec = saved_spec(out)
     out.mkdir(parents=True, exist_ok=True)
+    write_json(out / SPEC_JSON, asdict(spec))
     cfg, panel = resolve_config(spec, out)
     last = cfg.trainer.total_training_steps - 1
     from ragen.sft.pipeline import ensure_warm_start, needs_build
@@ -355,7 +377,7 @@ def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, f
         build_s = time.monotonic() - tb
     t0 = time.monotonic()
     res = run_training(cfg, RUN_NAME, on_iteration=(lambda k, m: log(k, m, last, t0)) if log else None)
-    wall = time.monotonic() - t0
+    wall = time.monotonic() - t0  # this invocation's; the iterations' own times add up across resumes
     run = res.run
     done = run.completed()
     if not done or done[-1] != last:
@@ -366,7 +388,8 @@ def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, f
     tags = list(dict.fromkeys(after["tag"]))
     result: dict[str, Any] = {
         "tags": {t: tag_change(before, after, t) for t in tags}, "wall_s": wall, "warm_start_build_s": build_s,
-        "iterations": len(done),
+        "iterations": len(done), "resumed_at": started[-1] + 1 if started else None,
+        "iterations_s": sum(run.metrics(k).get("timing_s/iteration", 0.0) for k in done),
         **timing(run), "rollbacks": len(res.rollbacks), "config": config_summary(cfg, spec, panel),
         "run_dir": str(run.root), **write_report_files(run, out)}
     write_json(out / RESULT_JSON, result)
