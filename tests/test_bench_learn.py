@@ -137,7 +137,7 @@ def test_an_unfinished_measurement_is_continued_only_with_resume_and_its_own_set
     spec = LearnSpec(presets=("cpu-small",), overrides=("actor.lr=1e-6",), iterations=3, out=str(out), quick=True)
     (out / "run" / "iter_00000").mkdir(parents=True)
     (out / "run" / "iter_00000" / "COMPLETE").write_text("")
-    with pytest.raises(FileExistsError, match="1 iterations done.*--resume"):
+    with pytest.raises(FileExistsError, match=r"1 iterations done.*--resume"):
         bench_learn(spec)
     r = CliRunner().invoke(app, ["bench", "learn", "--resume", "--out", str(out)])
     assert r.exit_code == 2 and "no measurement to resume" in r.output
