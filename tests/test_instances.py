@@ -83,3 +83,29 @@ def test_read_instances_errors(tmp_path):
     pd.DataFrame({"tag": ["x"]}).to_parquet(tmp_path / "short.parquet")
     with pytest.raises(ValueError, match="lacks columns"):
         read_instances(tmp_path / "short.parquet")
+
+
+@pytest.mark.unit
+def test_planned_train_seeds_and_the_panel_check_by_hand():
+    """3 groups (2 of A, 1 of B) from seed 100, 2 iterations: A gets 100, 101, 103, 104 and B 102, 105; a seed
+    cycle [7, 8] gives A 7, 8 and B 7, 8. A panel on trained seeds is refused unless the run trains on a fixed
+    list (a positive control, which scores its own seeds on purpose)."""
+    from ragen.config import load_config
+    from ragen.envs.instances import planned_train_seeds
+    from ragen.eval.panels import Panel
+    from ragen.run.learn_bench import check_panel_unseen, panel_seeds_trained
+
+    assert planned_train_seeds(["A", "B"], [2, 1], seed=100, iterations=2) == {"A": {100, 101, 103, 104},
+                                                                               "B": {102, 105}}
+    assert planned_train_seeds(["A", "B"], [2, 1], seed=100, iterations=2, seed_cycle=[7, 8]) == \
+        {"A": {7, 8}, "B": {7, 8}}
+    cfg = load_config(None, ["cpu-small"], ["envs.train_seed=10000", "envs.train.n_groups=[8]",
+                                            "trainer.total_training_steps=10"])
+    clear = Panel("p", {"Bandit": (123, 124)})
+    hit = Panel("p", {"Bandit": (10005, 10079, 10080)})  # 8 groups x 10 iterations: 10000..10079
+    assert panel_seeds_trained(cfg, clear) == {"Bandit": 0} and panel_seeds_trained(cfg, hit) == {"Bandit": 2}
+    check_panel_unseen(cfg, clear)
+    with pytest.raises(ValueError, match="Bandit 2 seed"):
+        check_panel_unseen(cfg, hit)
+    control = load_config(None, ["cpu-small"], ["envs.train_seeds=[10005]"])
+    check_panel_unseen(control, hit)

@@ -68,6 +68,19 @@ def generate_instances(tags: Sequence[str], n_groups: Sequence[int], group_size:
                            iteration=iteration, mode=mode, tag_specs=tag_specs)
 
 
+def planned_train_seeds(tags: Sequence[str], n_groups: Sequence[int], *, seed: int, iterations: int,
+                        seed_cycle: Sequence[int] | None = None) -> dict[str, set[int]]:
+    """Every seed each tag's groups are reset with over ``iterations`` training iterations (what
+    ``generate_instances`` would use, without building an env): to check an evaluation panel never trains."""
+    env_groups = sum(n_groups)
+    out: dict[str, set[int]] = {}
+    for k in range(iterations):
+        base = group_base_seed("train", k, env_groups, 0 if seed_cycle else seed)
+        for inst in plan_instances(tags, n_groups, 1, base, seed_cycle=seed_cycle):
+            out.setdefault(inst.tag, set()).add(inst.seed)
+    return out
+
+
 def seeded_instances(tag_seeds: Sequence[tuple[str, int]], group_size: int, *, mode: Literal["train", "val"] = "val",
                      group_rng: GroupRng = "independent",
                      tag_specs: Mapping[str, TagSpec] | None = None) -> pd.DataFrame:

@@ -24,7 +24,7 @@ import pandas as pd
 from ragen.config import Config, load_config
 from ragen.eval.evaluate import ROLLOUTS
 from ragen.eval.metrics import panel_metrics
-from ragen.eval.panels import VAL_SEED, make_panel, read_panel, write_panel
+from ragen.eval.panels import VAL_SEED, Panel, make_panel, read_panel, write_panel
 from ragen.eval.stats import mcnemar_exact, paired_bootstrap, paired_power, rate_difference, wilson
 from ragen.io import write_json
 from ragen.run.iteration import EVAL_INIT, panel_eval_dir
@@ -104,7 +104,28 @@ def resolve_config(spec: LearnSpec, out: Path) -> tuple[Config, Path]:
     if iterations is not None:
         run_overrides.append(f"trainer.total_training_steps={iterations}")
     cfg = load_config(spec.params, spec.presets, [*quick, *spec.overrides, *run_overrides])
+    check_panel_unseen(cfg, panel)
     return cfg, panel_path
+
+
+def panel_seeds_trained(cfg: Config, panel: Panel) -> dict[str, int]:
+    """Per panel tag, how many of its seeds the run's training iterations reset an env with."""
+    from ragen.envs.instances import planned_train_seeds
+
+    e = cfg.envs
+    trained = planned_train_seeds(e.train.tags, e.train.n_groups, seed=e.train_seed,
+                                  iterations=cfg.trainer.total_training_steps, seed_cycle=e.train_seeds)
+    return {tag: len(set(seeds) & trained.get(tag, set())) for tag, seeds in panel.seeds.items()}
+
+
+def check_panel_unseen(cfg: Config, panel: Panel) -> None:
+    """No panel seed is trained on: a learning claim is about rooms the policy never practised. A positive
+    control trains on a fixed list (``envs.train_seeds``) and scores those very seeds on purpose: allowed there."""
+    seen = {t: n for t, n in panel_seeds_trained(cfg, panel).items() if n}
+    if seen and not cfg.envs.train_seeds:
+        raise ValueError(f"the panel's seeds are trained on: {', '.join(f'{t} {n}' for t, n in seen.items())} "
+                         f"seed(s) within the training iterations' range; start the panel elsewhere (--panel of "
+                         f"other seeds) or move envs.train_seed")
 
 
 def tag_change(before: pd.DataFrame, after: pd.DataFrame, tag: str) -> dict[str, Any]:
@@ -323,6 +344,7 @@ def config_summary(cfg: Config, spec: LearnSpec, panel: Path) -> dict[str, Any]:
             "enable_think": cfg.agent.enable_think, "adv_estimator": a.adv_estimator, "filter_ratio": a.filter_ratio,
             "actor_lr": cfg.actor.lr, "critic_lr": cfg.critic.lr, "guard": cfg.guard.enabled,
             "seed": cfg.trainer.seed, "test_freq": cfg.trainer.test_freq, "panel": str(panel),
+            "panel_seeds_trained": panel_seeds_trained(cfg, read_panel(panel)),
             "val_temperature": cfg.rollout.val_temperature}
 
 

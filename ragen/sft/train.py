@@ -44,13 +44,13 @@ def masked_nll(model: Any, mb: Any, bf16: bool = False) -> tuple[torch.Tensor, t
 
 
 def apply_lora(model: torch.nn.Module, s: SFTConfig) -> torch.nn.Module:
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    target: str | list[str] = s.lora_target_modules
-    if target != "all-linear":
-        target = [t.strip() for t in target.split(",") if t.strip()]
-    return get_peft_model(model, LoraConfig(r=s.lora_rank, lora_alpha=s.lora_alpha, lora_dropout=0.0,
-                                            target_modules=target, task_type="CAUSAL_LM"))
+    from ragen.train.lora import LoraSpec
+
+    config = LoraSpec(s.lora_rank, s.lora_alpha, s.lora_target_modules).peft_config()
+    config.task_type = "CAUSAL_LM"
+    return get_peft_model(model, config)
 
 
 @dataclass
