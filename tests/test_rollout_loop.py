@@ -269,4 +269,7 @@ def test_position_claims_and_env_cells():
     lake = get_tag("FrozenLake").make()
     lake.reset(seed=3)
     assert lake.agent_cell() == lake.position
+    maze = get_tag("Maze").make()
+    maze.reset(seed=1)
+    assert maze.agent_cell() == maze.player
     assert get_tag("Bandit").make().agent_cell() is None

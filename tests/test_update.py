@@ -336,13 +336,12 @@ def test_shipped_deepspeed_configs_resolve_from_any_directory(tmp_path, monkeypa
 @pytest.mark.unit
 def test_advantage_metrics_by_hand():
     """Trained tokens: trajectory 0 has advantages 1, 1, 1 (sum 3), trajectory 1 has -1 (sum -1), trajectory 2
-    none. Over the 4 tokens: mean 0.5, unbiased std 1.0, max 1, min -1; token sums: mean 1, mean |.| 2."""
+    none. Over the 4 tokens: mean 0.5, unbiased std 1.0, max 1, min -1; token sums 3 and -1: mean |.| 2."""
     from ragen.train.update import advantage_metrics
 
     adv = torch.tensor([[1.0, 1.0, 1.0, 9.0], [-1.0, 9.0, 9.0, 9.0], [9.0, 9.0, 9.0, 9.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
     m = advantage_metrics(adv, mask)
     assert m == {"critic/advantages/mean": 0.5, "critic/advantages/std": 1.0, "critic/advantages/max": 1.0,
-                 "critic/advantages/min": -1.0, "critic/advantages/token_sum_mean": 1.0,
-                 "critic/advantages/token_sum_abs_mean": 2.0}
+                 "critic/advantages/min": -1.0, "critic/advantages/token_sum_abs_mean": 2.0}
     assert set(advantage_metrics(adv, torch.zeros_like(mask)).values()) == {0.0}

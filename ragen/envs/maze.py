@@ -88,10 +88,10 @@ class MazeEnv(TextEnv):
     def action_lookup(self) -> dict[int, str]:
         return dict(ACTION_LOOKUP)
 
-    @property
     def agent_cell(self) -> tuple[int, int] | None:
         return None if self.layout is None else self.player
 
+    @property
     def goal(self) -> tuple[int, int]:
         if self.layout is None:
             raise RuntimeError("call reset() first")

@@ -53,7 +53,7 @@ TRAINING_METRICS = {"score": "critic/score/mean", "entropy": "actor/entropy_loss
                     "groups_no_success": "rollout/groups_no_success",
                     "think_position_right": "rollout/think_position_right",
                     "advantage_mean": "critic/advantages/mean", "advantage_std": "critic/advantages/std",
-                    "advantage_token_sum": "critic/advantages/token_sum_mean",
+                    "advantage_token_sum": "critic/advantages/token_sum_abs_mean",
                     "grad_norm": "actor/grad_norm", "seconds": "timing_s/iteration"}
 TRAINING_FIELDS = ("iteration", *TRAINING_METRICS)
 # --quick: a smoke run of a few minutes on the real model (4 groups x 4 rollouts, 2 iterations, 16-seed panel)
@@ -241,7 +241,7 @@ def plot_curve(rows: Sequence[dict[str, Any]], path: Path, training: Sequence[di
                ("tokens_per_turn", "response tokens per turn"), ("actions_per_episode", "actions per episode"),
                (("groups_all_success", "groups_no_success"), "groups: all / none succeeded"),
                ("think_position_right", "think states its position right"),
-               ("advantage_token_sum", "advantage summed over a trajectory (mean)"))
+               ("advantage_token_sum", "|advantage summed over a trajectory| (mean)"))
     n = len(tags) + (1 + len(signals) if training else 0)
     ncols = min(n, 3)
     nrows = math.ceil(n / ncols)

@@ -116,6 +116,8 @@ def save_adapters(folder: Path, state: Mapping[str, torch.Tensor], spec: LoraSpe
 
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().contiguous() for k, v in adapter_state(state).items()}, str(folder / ADAPTER_FILE))
+    if Path(base).exists():  # a local model (the SFT warm-start): found again from any working directory
+        base = str(Path(base).resolve())
     (folder / ADAPTER_JSON).write_text(json.dumps({**spec.as_dict(), "base": base}, indent=2, sort_keys=True) + "\n")
 
 

@@ -262,19 +262,18 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
 
 def advantage_metrics(adv: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """``critic/advantages/*`` of the tokens the actor trains on (``mask``, (b, L)): mean, std (unbiased), max,
-    min, and per trajectory with any such token the advantage summed over them (``token_sum_mean`` and
-    ``token_sum_abs_mean``): whitening is per token, so a long trajectory weighs more in the loss than one
-    trajectory's share, pushed up or down as a whole. Zeros when nothing is trained."""
+    min, and ``token_sum_abs_mean``: per trajectory with any such token the advantage summed over them, its size
+    averaged. Whitening is per token, so a long trajectory is pushed up or down as a whole by more than one
+    trajectory's share. (The plain mean of the sums is the token mean times the token count: 0 after whitening,
+    so it says nothing.) Zeros when nothing is trained."""
     m = mask.bool()
     vals = adv[m]
     if not len(vals):
-        return {f"critic/advantages/{k}": 0.0 for k in ("mean", "std", "max", "min", "token_sum_mean",
-                                                       "token_sum_abs_mean")}
+        return {f"critic/advantages/{k}": 0.0 for k in ("mean", "std", "max", "min", "token_sum_abs_mean")}
     summed = (adv * m).sum(dim=1)[m.any(dim=1)]
     return {"critic/advantages/mean": float(vals.mean()), "critic/advantages/max": float(vals.max()),
             "critic/advantages/min": float(vals.min()),
             "critic/advantages/std": float(vals.std()) if len(vals) > 1 else 0.0,
-            "critic/advantages/token_sum_mean": float(summed.mean()),
             "critic/advantages/token_sum_abs_mean": float(summed.abs().mean())}
 
 
