@@ -223,3 +223,20 @@ def test_lora_under_zero_saves_no_frozen_weights_and_resumes(tokenizer, renderer
     assert sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file()) < base_size / 5
     resumed = Trainer(cfg, resume=ckpt, renderer=renderer)
     assert all(torch.equal(v, named[k]) for k, v in resumed.named_weights())
+
+
+@pytest.mark.unit
+def test_the_merged_model_cache_keeps_the_most_recently_used(tmp_path):
+    import os
+
+    from ragen.train.lora import prune_merged
+
+    for i, name in enumerate("abcde"):
+        (tmp_path / name).mkdir()
+        marker = tmp_path / name / "merged-complete"
+        marker.write_text("")
+        os.utime(marker, (1000 + i, 1000 + i))  # e is the most recent
+    (tmp_path / "writing").mkdir()  # no marker: another process is writing it
+    gone = prune_merged(tmp_path, keep=2)
+    assert sorted(p.name for p in gone) == ["a", "b", "c"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "e", "writing"]

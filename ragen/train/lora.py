@@ -23,6 +23,7 @@ ADAPTERS = "adapters"  # the checkpoint folder holding adapters/actor and adapte
 ADAPTER_FILE = "adapter.safetensors"
 ADAPTER_JSON = "adapter.json"
 INIT_SEED = 0  # the A matrices' initialisation does not depend on (or advance) the caller's RNG
+MERGED_KEPT = 4  # merged models kept in the cache (a model's size each), the most recently used
 _LORA_KEY = re.compile(r"^(?P<prefix>.+)\.lora_(?P<which>[AB])\.default\.weight$")
 
 
@@ -173,6 +174,7 @@ def materialize(checkpoint: str | Path) -> Path:
     target = cache_root() / "merged" / digest
     done = "merged-complete"
     if (target / done).is_file():
+        (target / done).touch()  # recently used: kept by the pruning below
         return target
     model = AutoModelForCausalLM.from_pretrained(ensure_model(base), dtype=torch.float32)
     merged = merge_adapters(model.state_dict(), load_file(str(folder / ADAPTER_FILE)), spec.scaling)
@@ -180,4 +182,17 @@ def materialize(checkpoint: str | Path) -> Path:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=merged)
         AutoTokenizer.from_pretrained(str(folder)).save_pretrained(tmp)
         (tmp / done).write_text(json.dumps({"checkpoint": str(checkpoint), "base": base}) + "\n")
+    prune_merged(target.parent, keep=MERGED_KEPT)
     return target
+
+
+def prune_merged(root: Path, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` most recently used merged models under ``root`` (any is made again from its
+    checkpoint on demand); unfinished ones are left to the writer that owns them. Returns what was deleted."""
+    import shutil
+
+    done = sorted((d for d in root.iterdir() if (d / "merged-complete").is_file()),
+                  key=lambda d: (d / "merged-complete").stat().st_mtime, reverse=True)
+    for d in done[keep:]:
+        shutil.rmtree(d, ignore_errors=True)
+    return done[keep:]

@@ -186,7 +186,8 @@ class Trainer:
         """actor/ (safetensors + tokenizer: loadable as model.base by vLLM and transformers), critic/ (backbone
         + value head), deepspeed/ (optimizer and engine state), marker last (ragen.train.checkpoint). With LoRA,
         adapters/actor and adapters/critic (+ value head) instead of actor/ and critic/: the trained weights
-        and their optimizer state only, not the frozen base again (``ragen.train.lora.materialize`` gives the merged model)."""
+        and their optimizer state only, not the frozen base again (``ragen.train.lora.materialize`` gives the
+        merged model)."""
         from safetensors.torch import save_file
 
         self._tell("save", str(path))
