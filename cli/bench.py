@@ -163,30 +163,26 @@ def bench_learn_cmd(as_json: JsonOpt = False,
         if out is None or given:
             fail(f"--resume continues the measurement in --out with the settings saved there ({SPEC_JSON}): give "
                  f"--out alone" + (f", without {', '.join(given)}" if given else ""))
-        try:
-            with stdout_to_stderr():
-                result = bench_learn(LearnSpec(out=str(out)), resume=True)
-        except (FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
-            fail(str(e.args[0]) if isinstance(e, KeyError) else str(e))
-        typer.echo(json.dumps(result))
-        return
-    if experiment is not None:
-        r = resolve_experiment(experiment, scale, 0, overrides)
-        params, preset, overrides = None, list(r.presets), list(r.overrides)
-    elif params is None and not preset and Path("params.yaml").is_file():
-        params = Path("params.yaml")  # the main command's settings
-    elif params is None and not preset:
-        preset = ["cpu-small"]
-    resolve_config(params, preset, overrides)  # bad settings fail before any model loads, naming the key
-    if out is None:
-        out = Path("runs") / "bench-learn" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    spec = LearnSpec(params=str(params) if params else None, presets=tuple(preset or ()),
-                     overrides=tuple(overrides or ()), iterations=iterations, panel=str(panel) if panel else None,
-                     panel_size=panel_size, tags=tuple(tags) if tags else None, out=str(out), quick=quick,
-                     keep_checkpoints=keep_checkpoints, experiment=experiment)
+        spec = LearnSpec(out=str(out))  # bench_learn continues with the settings saved in --out
+    else:
+        if experiment is not None:
+            r = resolve_experiment(experiment, scale, 0, overrides)
+            params, preset, overrides = None, list(r.presets), list(r.overrides)
+        elif params is None and not preset and Path("params.yaml").is_file():
+            params = Path("params.yaml")  # the main command's settings
+        elif params is None and not preset:
+            preset = ["cpu-small"]
+        resolve_config(params, preset, overrides)  # bad settings fail before any model loads, naming the key
+        if out is None:
+            out = Path("runs") / "bench-learn" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        spec = LearnSpec(params=str(params) if params else None, presets=tuple(preset or ()),
+                         overrides=tuple(overrides or ()), iterations=iterations,
+                         panel=str(panel) if panel else None, panel_size=panel_size,
+                         tags=tuple(tags) if tags else None, out=str(out), quick=quick,
+                         keep_checkpoints=keep_checkpoints, experiment=experiment)
     try:
         with stdout_to_stderr():
-            result = bench_learn(spec)
+            result = bench_learn(spec, resume=resume)
     except (FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
         fail(str(e.args[0]) if isinstance(e, KeyError) else str(e))
     if as_json:

@@ -59,24 +59,26 @@ def generate_instances(tags: Sequence[str], n_groups: Sequence[int], group_size:
     """The instances table of one iteration. ``seed`` is the train or val base seed: train iteration k starts
     at seed + env_groups * k, val always at seed. One row per env. ``seed_cycle`` (envs.train_seeds): group g of
     iteration k takes its entry env_groups * k + g instead, cyclically."""
-    env_groups = sum(n_groups)
-    if seed_cycle:
-        base = group_base_seed(mode, iteration, env_groups, 0)
-    else:
-        base = group_base_seed(mode, iteration, env_groups, seed)
-    return build_instances(plan_instances(tags, n_groups, group_size, base, group_rng, seed_cycle),
-                           iteration=iteration, mode=mode, tag_specs=tag_specs)
+    plan = iteration_plan(tags, n_groups, group_size, seed=seed, iteration=iteration, mode=mode,
+                          group_rng=group_rng, seed_cycle=seed_cycle)
+    return build_instances(plan, iteration=iteration, mode=mode, tag_specs=tag_specs)
+
+
+def iteration_plan(tags: Sequence[str], n_groups: Sequence[int], group_size: int, *, seed: int, iteration: int,
+                   mode: Literal["train", "val"] = "train", group_rng: GroupRng = "independent",
+                   seed_cycle: Sequence[int] | None = None) -> list[Instance]:
+    """The planned instances of one iteration (``generate_instances`` without resetting an env)."""
+    base = group_base_seed(mode, iteration, sum(n_groups), 0 if seed_cycle else seed)
+    return plan_instances(tags, n_groups, group_size, base, group_rng, seed_cycle)
 
 
 def planned_train_seeds(tags: Sequence[str], n_groups: Sequence[int], *, seed: int, iterations: int,
                         seed_cycle: Sequence[int] | None = None) -> dict[str, set[int]]:
     """Every seed each tag's groups are reset with over ``iterations`` training iterations (what
     ``generate_instances`` would use, without building an env): to check an evaluation panel never trains."""
-    env_groups = sum(n_groups)
     out: dict[str, set[int]] = {}
     for k in range(iterations):
-        base = group_base_seed("train", k, env_groups, 0 if seed_cycle else seed)
-        for inst in plan_instances(tags, n_groups, 1, base, seed_cycle=seed_cycle):
+        for inst in iteration_plan(tags, n_groups, 1, seed=seed, iteration=k, seed_cycle=seed_cycle):
             out.setdefault(inst.tag, set()).add(inst.seed)
     return out
 

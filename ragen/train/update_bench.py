@@ -105,6 +105,18 @@ def update_flops(seqs: Sequences, arch: Architecture, cfg: Config, adapter_weigh
     }
 
 
+def pass_seconds(m: dict[str, float]) -> dict[str, float]:
+    """Wall seconds of each model's scoring and training passes in an update's metrics."""
+    return {k.removeprefix("timing_s/update_"): v for k, v in m.items()
+            if k.startswith("timing_s/update_") and k != "timing_s/update_scoring"}
+
+
+def achieved_tflops(m: dict[str, float], flops: dict[str, float], who: str) -> float:
+    """``who``'s (actor or critic) model FLOPs over the seconds of its scoring and training passes, in TFLOP/s."""
+    secs = m[f"timing_s/update_{who}_scoring"] + m[f"timing_s/update_{who}_training"]
+    return (flops[f"{who}_scoring"] + flops[f"{who}_training"]) / secs / 1e12
+
+
 def run_update(cfg: Config, seqs: Sequences, path: str, pad_id: int, *, engine: str = "deepspeed",
                padded: bool = False, compute_dtype: str | None = None, seed: int = 0,
                lora: LoraSpec | None = None) -> dict[str, float]:
@@ -171,14 +183,11 @@ def bench_train(*, model: str = "smollm2-135m-instruct", batches: Sequence[str] 
         info: dict[str, Any] = {"trajectories": len(seqs), "tokens": int(seqs.lengths.sum()),
                                 "trained_tokens": int(sum(int(x.sum()) for x in seqs.loss_mask)),
                                 "max_len": int(seqs.lengths.max()), "update_s": m["wall_s"],
-                                "seconds": {k.removeprefix("timing_s/update_"): v for k, v in m.items()
-                                            if k.startswith("timing_s/update_") and k != "timing_s/update_scoring"},
-                                "model_tflop": {k: v / 1e12 for k, v in flops.items()},
+                                "seconds": pass_seconds(m), "model_tflop": {k: v / 1e12 for k, v in flops.items()},
                                 "losses": {k: m[k] for k in COMPARED_LOSSES if k in m}}
         info["tflops_overall"] = sum(flops.values()) / 1e12 / m["wall_s"]
         for who in ("actor", "critic"):
-            secs = m[f"timing_s/update_{who}_scoring"] + m[f"timing_s/update_{who}_training"]
-            achieved = (flops[f"{who}_scoring"] + flops[f"{who}_training"]) / secs / 1e12
+            achieved = achieved_tflops(m, flops, who)
             out["achieved_tflops"][f"{b}/{who}"] = achieved
             out["mfu"][f"{b}/{who}"] = achieved / float(peak[compute_dtype])  # type: ignore[arg-type]
         say(f"{b}: update {m['wall_s']:.1f} s, MFU actor {out['mfu'][f'{b}/actor']:.0%} critic "
@@ -225,12 +234,8 @@ def _lora(cfg: Config, seqs: Sequences, arch: Architecture, path: str, pad_id: i
     res: dict[str, Any] = {"rank": spec.rank, "alpha": spec.alpha, "adapter_weights": int(m["adapter_weights"]),
                            "update_s": m["wall_s"], "full_update_s": full["wall_s"],
                            "lora_over_full": full["wall_s"] / m["wall_s"],
-                           "seconds": {k.removeprefix("timing_s/update_"): v for k, v in m.items()
-                                       if k.startswith("timing_s/update_") and k != "timing_s/update_scoring"},
-                           "model_tflop": {k: v / 1e12 for k, v in flops.items()}, "mfu": {}}
-    for who in ("actor", "critic"):
-        secs = m[f"timing_s/update_{who}_scoring"] + m[f"timing_s/update_{who}_training"]
-        res["mfu"][who] = (flops[f"{who}_scoring"] + flops[f"{who}_training"]) / secs / 1e12 / peak
+                           "seconds": pass_seconds(m), "model_tflop": {k: v / 1e12 for k, v in flops.items()},
+                           "mfu": {who: achieved_tflops(m, flops, who) / peak for who in ("actor", "critic")}}
     say(f"main: LoRA update {m['wall_s']:.1f} s ({res['lora_over_full']:.2f}x the full fine-tune's speed), MFU "
         f"actor {res['mfu']['actor']:.0%} critic {res['mfu']['critic']:.0%}")
     return res
