@@ -1,7 +1,7 @@
-"""Typed schema of params.yaml (REFERENCE 4.2), presets, ``key.sub=value`` overrides and clear errors.
+"""Typed schema of params.yaml (docs/configuration.md), presets, ``key.sub=value`` overrides and clear errors.
 
 Schema defaults are StarPO-S as the original code runs it at paper scale (Qwen2.5-0.5B-Instruct, 8x16 rollouts),
-with the fidelity choices of DESIGN.md section 3. Resolution order: defaults <- params file <- presets (in
+with the fidelity choices of docs/design.md. Resolution order: defaults <- params file <- presets (in
 order) <- overrides. Every error names the key, the value and what is allowed.
 """
 

@@ -1,5 +1,5 @@
-"""Named experiments: the paper's ablations (REFERENCE 6) as sets of presets and overrides, and which pipeline
-runs each (``train`` for RL, ``sft`` for a supervised warm-start).
+"""Named experiments: the paper's ablations (docs/evaluation.md, experiments) as sets of presets and overrides,
+and which pipeline runs each (``train`` for RL, ``sft`` for a supervised warm-start).
 
 An experiment is scale-free where it can be; ``scale_overrides`` hold what a scale must change (group counts,
 iterations). A scale is a preset (``cpu-small``: this 2-core machine, minutes per experiment; ``paper``: one GPU,

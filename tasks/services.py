@@ -1,5 +1,5 @@
 """Local servers for tracking at scale: a PostgreSQL cluster and an MLflow tracking server backed by it, both bound
-to 127.0.0.1 (DESIGN 6-7). ``ragen services mlflow`` runs them in the foreground; the integration test and the
+to 127.0.0.1 (docs/threat-model.md). ``ragen services mlflow`` runs them in the foreground; the integration test and the
 recipe in infra/mlflow/ use the same classes. On a cluster, point ``tracking.mlflow_tracking_uri`` at the shared
 server instead and leave ``tracking.mlflow_artifact_location`` null (the server stores artifacts).
 

@@ -1,4 +1,4 @@
-"""StarPO math against hand-computed values on small tensors (REFERENCE 2.7, 3.2-3.8)."""
+"""StarPO math against hand-computed values on small tensors (docs/algorithms.md)."""
 
 import math
 

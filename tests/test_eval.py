@@ -81,7 +81,7 @@ def test_panel_metrics_per_tag_by_hand():
 
 def test_panel_files_round_trip_and_bad_files_name_the_fix(tmp_path):
     p = make_panel("t", ["Bandit", "FrozenLake"], 3)
-    assert p.seeds == {"Bandit": (123, 124, 125), "FrozenLake": (126, 127, 128)}  # REFERENCE 1.6 layout
+    assert p.seeds == {"Bandit": (123, 124, 125), "FrozenLake": (126, 127, 128)}  # the original's layout
     path = write_panel(p, tmp_path / "p.json")
     assert read_panel(path) == p and read_panel(path).select(["FrozenLake"]).pairs() == [("FrozenLake", s)
                                                                                         for s in (126, 127, 128)]

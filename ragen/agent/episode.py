@@ -1,5 +1,5 @@
 """One trajectory of the multi-turn loop: prompts as token ids, parsing, env steps, and the final assembly into
-one token sequence with loss mask, rewards and sampling logprobs (REFERENCE 2.1-2.8, DESIGN.md section 3)."""
+one token sequence with loss mask, rewards and sampling logprobs (docs/environments.md, docs/design.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Parsing of model answers (REFERENCE 2.4): first think/answer match, ``||`` split, per-turn cap."""
+"""Parsing of model answers (docs/environments.md, agent I/O): first think/answer match, ``||`` split, per-turn cap."""
 
 from __future__ import annotations
 

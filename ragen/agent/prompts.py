@@ -1,4 +1,5 @@
-"""Prompt text (REFERENCE 2.2): the first user message, the per-turn block, reward messages, forced prefix."""
+"""Prompt text (docs/environments.md, agent I/O): the first user message, the per-turn block, reward messages,
+forced prefix."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Executing one turn's actions in an env (REFERENCE 1.7): sequential, summed rewards, stop at ``done``."""
+"""Executing one turn's actions in an env (docs/environments.md): sequential, summed rewards, stop at ``done``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Advantage estimators and score normalisation (REFERENCE 2.7, 3.2, 3.3)."""
+"""Advantage estimators and score normalisation (docs/algorithms.md)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def group_index(keys: Sequence) -> torch.Tensor:
 
 
 def normalize_scores(scores: torch.Tensor, groups: torch.Tensor, method: str = "identity") -> torch.Tensor:
-    """Score normalisation within groups (REFERENCE 2.7). scores, groups: (B,). Methods: identity; mean (x - mean);
+    """Score normalisation within groups (docs/algorithms.md). scores, groups: (B,). Methods: identity; mean (x - mean);
     mean_std ((x - mean) / (std + 1e-6), unbiased std, all zeros when std <= 1e-6); asym_clip (mean_std clamped
     to [-1, 3]). Nothing changes when every group is a single sample (the original normalises only when there
     are fewer groups than samples)."""

@@ -1,4 +1,4 @@
-"""Echo Trap early warnings (REFERENCE 5, 6.2) over a run's per-iteration metrics, as pure functions.
+"""Echo Trap early warnings (docs/evaluation.md) over a run's per-iteration metrics, as pure functions.
 
 The paper's signs of collapse: the in-group reward std falls (the policy answers every member of a group alike),
 the entropy changes sharply, and the gradient norm spikes. Each sign is measured against the run's own early

@@ -1,4 +1,4 @@
-"""Variance-based trajectory filtering of StarPO-S (REFERENCE 3.8), on raw scores by default.
+"""Variance-based trajectory filtering of StarPO-S (docs/algorithms.md), on raw scores by default.
 
 Groups are ranked by in-group reward spread and whole groups are kept. ``std`` keeps the top int(ratio x G)
 groups by unbiased std, ``std_rev`` the lowest, ``max_mean`` the top by max - mean; ``top_p`` (RAGEN-2 style)

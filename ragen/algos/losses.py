@@ -1,4 +1,4 @@
-"""Policy, value, entropy and KL terms (REFERENCE 3.4-3.6).
+"""Policy, value, entropy and KL terms (docs/algorithms.md).
 
 Aggregation takes its denominator from the caller so that a mini-batch split into micro-batches (or across
 ranks) gives exactly the loss of the whole mini-batch: ``token-mean`` divides by the mini-batch's masked-token

@@ -29,7 +29,7 @@ class Instance:
 
 
 def group_tags(tags: Sequence[str], n_groups: Sequence[int]) -> list[str]:
-    """Tag of each group: consecutive groups per tag, in order (REFERENCE 1.6)."""
+    """Tag of each group: consecutive groups per tag, in order (docs/environments.md, seeds)."""
     if len(tags) != len(n_groups):
         raise ValueError(f"tags ({len(tags)}) and n_groups ({len(n_groups)}) must have the same length")
     if any(n < 0 for n in n_groups):

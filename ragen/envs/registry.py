@@ -1,4 +1,5 @@
-"""Env tags: each tag is an env type plus its settings and prompt pieces (REFERENCE 1.2-1.4, envs.yaml)."""
+"""Env tags: each tag is an env type plus its settings and prompt pieces (docs/environments.md; the original's
+envs.yaml)."""
 
 from __future__ import annotations
 

@@ -39,7 +39,8 @@ def member_stream(member: int, group_rng: GroupRng) -> int | None:
 
 
 def group_base_seed(mode: Literal["train", "val"], iteration: int, env_groups: int, seed: int) -> int:
-    """First group's seed (REFERENCE 1.6): train iteration k starts at seed + env_groups * k; val always at seed."""
+    """First group's seed (docs/environments.md, seeds): train iteration k starts at seed + env_groups * k; val
+    always at seed."""
     if iteration < 0:
         raise ValueError(f"iteration must be >= 0, got {iteration}")
     if mode == "train":

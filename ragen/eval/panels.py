@@ -1,6 +1,6 @@
 """Evaluation panels: a fixed list of seeds per env tag, stored as a small JSON file (DVC-tracked), so every run
 and checkpoint is scored on the same tasks. Seeds are consecutive blocks from a base seed in tag order, as the
-original validation set lays out several tags (REFERENCE 1.6: 123, 123 + n, ...)."""
+original validation set lays out several tags (docs/evaluation.md: 123, 123 + n, ...)."""
 
 from __future__ import annotations
 

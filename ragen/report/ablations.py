@@ -57,7 +57,7 @@ def write_report(results: Sequence[GridResult], scale: str, out: str | Path, *, 
              f"Scale **{scale}**; {len(results)} runs ({len(ran)} experiments x seeds {seeds}). Success rates in %"
              f" on the fixed evaluation panel after the last iteration (\"x before\": the same panel before "
              f"training), 95% Wilson intervals, episodes pooled over seeds. Paper values are "
-             f"exact table entries or, for figures, approximate readings of the curves' ends (REFERENCE 6). A "
+             f"exact table entries or, for figures, approximate readings of the curves' ends. A "
              f"claim is *reproduced* when our difference has the paper's sign at 95% (its Newcombe interval "
              f"excludes 0), "
              f"*not reproduced* when it has the opposite sign at 95%, else *inconclusive at this scale*.", "",

@@ -1,4 +1,5 @@
-"""The paper's numbers (REFERENCE 6) per finding, and the claims the ablation report checks ours against.
+"""The paper's numbers (its tables and figures) per finding, and the claims the ablation report checks ours
+against.
 
 ``values`` are the paper's success rates per (experiment, eval tag): exact table entries where the paper has a
 table, approximate curve readings (final values) for figures. ``claims`` are the orderings a finding asserts:

@@ -1,4 +1,4 @@
-"""The multi-turn rollout loop (REFERENCE 2.1): one batched generation call per turn for every still-active
+"""The multi-turn rollout loop (docs/rollout.md): one batched generation call per turn for every still-active
 trajectory, then parse, step and advance each; stop when all are done. Returns finished trajectories and where
 the time went (generation vs env stepping vs prompt rendering / assembly)."""
 
@@ -112,7 +112,7 @@ def play_episodes(engine: Engine, instances: pd.DataFrame, agent: AgentConfig, r
 
 
 def sampling_for(rollout: Any, mode: str) -> Sampling:
-    """Generation settings of a reset mode from ``RolloutConfig`` (REFERENCE 2.3): train samples at
+    """Generation settings of a reset mode from ``RolloutConfig`` (docs/rollout.md): train samples at
     ``temperature``; val at ``val_temperature`` (0 or ``val_do_sample`` False = greedy)."""
     val_temp = rollout.val_temperature if rollout.val_do_sample else 0.0
     temp = rollout.temperature if mode == "train" else val_temp

@@ -1,4 +1,4 @@
-"""Rollout metrics of REFERENCE section 5, per tag and for the in-group reward spread."""
+"""Rollout metrics (docs/rollout.md), per tag and for the in-group reward spread."""
 
 from __future__ import annotations
 

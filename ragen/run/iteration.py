@@ -1,4 +1,4 @@
-"""The stages of one training iteration as plain functions over a run directory (DESIGN.md 2). Prefect tasks wrap
+"""The stages of one training iteration as plain functions over a run directory (docs/design.md). Prefect tasks wrap
 them one to one; ``train_loop`` chains them without any orchestrator (tests, notebooks, the pipeline benchmark).
 
 The engines are heavy and stateful, so they live in a ``Runtime`` the caller keeps for the whole run; the stages
@@ -125,7 +125,7 @@ def _train_key(key: str) -> str:
 
 @dataclass
 class Batch:
-    """The filtered batch of an iteration: kept trajectories (in memory, as DESIGN.md 2 has it) + filter metrics;
+    """The filtered batch of an iteration: kept trajectories (in memory, as docs/design.md has it) + filter metrics;
     the decisions themselves are in ``filter.json`` beside the rollouts."""
 
     rollouts: Any  # pandas DataFrame

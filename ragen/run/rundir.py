@@ -1,4 +1,4 @@
-"""A run directory is the unit of recovery (DESIGN.md 2): the resolved config, one folder per iteration with its
+"""A run directory is the unit of recovery (docs/design.md): the resolved config, one folder per iteration with its
 data, and a completion marker written last. Resuming continues after the last iteration whose marker exists.
 
     runs/<run>/config.yaml                 the resolved config the run was started with

@@ -28,7 +28,7 @@ VALUE_HEAD = "value_head.safetensors"
 
 
 def filter_rollouts(cfg: Config, df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, float]]:
-    """Keep whole seed groups by in-group spread of the raw score (REFERENCE 3.8; raw, not normalised)."""
+    """Keep whole seed groups by in-group spread of the raw score (docs/algorithms.md; raw, not normalised)."""
     a = cfg.algorithm
     res = filter_groups(torch.tensor(df["score"].to_numpy(), dtype=torch.float64),
                         torch.tensor(df["group"].to_numpy()), a.filter_ratio, a.filter_type)

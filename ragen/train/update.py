@@ -1,4 +1,4 @@
-"""One StarPO / StarPO-S update on a (filtered) rollout batch (REFERENCE 3):
+"""One StarPO / StarPO-S update on a (filtered) rollout batch (docs/algorithms.md):
 
 recompute old logprobs -> (reference logprobs) -> values -> token rewards (normalised score, KL in reward)
 -> advantages (GAE / bi-level GAE / GRPO) -> critic epochs, then actor epochs, over mini-batches with
@@ -97,8 +97,8 @@ def monitor_sample(mbs: list[MicroBatch], n: int) -> list[MicroBatch]:
 
 
 def token_rewards(cfg: Config, seqs: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense token rewards (B, Lmax) and the per-trajectory score used for them (REFERENCE 2.7): with turn
-    scores off, the (normalised) score sits where the stored reward sits; with turn scores on, the stored
+    """Dense token rewards (B, Lmax) and the per-trajectory score used for them (docs/environments.md, rewards):
+    with turn scores off, the (normalised) score sits where the stored reward sits; with turn scores on, the stored
     per-turn rewards are used as they are (no penalty, no normalisation, as the original)."""
     L = int(seqs.lengths.max())
     stored = pad_ragged(seqs.rewards, L)
