@@ -85,3 +85,29 @@ def test_a_launched_run_refuses_what_one_rank_cannot_do_alone(monkeypatch):
         Runtime(load_config(None, ["cpu-small"], ["rollout.engine=vllm"])).open()
     with pytest.raises(ranks.LaunchError, match=r"model.warm_start=auto.*ragen sft train"):
         check_buildable_here()
+
+
+def test_a_pickle_planted_in_the_store_is_refused_and_never_run():
+    import builtins
+    import pickle
+
+    from ragen.train.wire import WireError
+
+    class Planted:
+        def __reduce__(self):
+            return exec, ("import builtins; builtins._ragen_planted_ran = True",)
+
+    lead, (f,) = pair()
+    lead.store.set("1", pickle.dumps(("update", (Planted(),))))  # what anyone reaching the store could write
+    with pytest.raises(WireError, match="not this project's plain data"):
+        f.next()
+    assert not hasattr(builtins, "_ragen_planted_ran")
+
+
+def test_a_followers_error_reaches_rank_0_naming_the_rank():
+    lead, (f,) = pair()
+    n = lead.post("generate", [[1, 2]])
+    f.next()
+    f.answer(ValueError("out of KV cache"))
+    with pytest.raises(RuntimeError, match="rank 1 failed in call 1: ValueError: out of KV cache"):
+        lead.answers(n, [1])

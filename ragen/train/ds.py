@@ -26,31 +26,46 @@ def free_port() -> int:
 
 
 def ensure_distributed() -> tuple[int, int]:
-    """Initialise torch.distributed once (a launcher's env, or a 1-process group on 127.0.0.1); reuse a group
-    that already exists (in-process vLLM creates one). Returns (rank, world size)."""
+    """Initialise torch.distributed once (a launcher's env, or a 1-process group over an in-memory store, which
+    opens no port); reuse a group that already exists (in-process vLLM creates one). Returns (rank, world size)."""
     import torch.distributed as dist
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        own_port = "MASTER_PORT" not in os.environ
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("LOCAL_RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
+        alone = int(os.environ["WORLD_SIZE"]) == 1
+        loopback_gloo(alone)
+        if alone:  # an in-memory store instead of a TCP one on every interface
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         import deepspeed
 
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo",
-                                   auto_mpi_discovery=False)
-        if own_port:  # this process listens on it now; a child process (a subprocess run) must pick its own
-            del os.environ["MASTER_PORT"]
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)  # the group above, or env://
     else:  # e.g. created by in-process vLLM: DeepSpeed still reads the launcher variables
         os.environ.setdefault("RANK", str(dist.get_rank()))
         os.environ.setdefault("WORLD_SIZE", str(dist.get_world_size()))
         os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
     _forget_stale_deepspeed_groups()
     return dist.get_rank(), dist.get_world_size()
+
+
+def loopback_gloo(alone: bool) -> None:
+    """One process, or a launch whose ranks meet on this machine (MASTER_ADDR is a loopback address): gloo's own
+    sockets listen on the loopback interface, not wherever the host name resolves. A launch over several machines
+    keeps gloo's choice (or the user's GLOO_SOCKET_IFNAME)."""
+    import ipaddress
+
+    addr = os.environ.get("MASTER_ADDR", "")
+    try:
+        local = alone or addr == "localhost" or ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        local = False
+    names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    if local and names and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = names[0]
 
 
 def collective_device() -> torch.device:

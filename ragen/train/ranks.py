@@ -10,18 +10,19 @@ closing it are announced the same way, and a generate call is answered back thro
 
 Announcements go through the launcher's key-value store, not a collective: a follower waits there for as long as
 rank 0's rollouts take (``follower_wait_s``), while a collective would time out after the process group's
-30 minutes. Values are pickled, as torch's own object collectives do: the store belongs to the launch, which only
-its ranks reach."""
+30 minutes. Values travel as plain data (train/wire.py), never pickled: the store listens where the launcher puts
+it, and whoever reaches it can disturb the run but cannot run code on its ranks (docs/threat-model.md)."""
 
 from __future__ import annotations
 
 import gc
 import os
-import pickle
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
+
+from ragen.train import wire
 
 # how long a follower waits for rank 0's next call: rollouts and evaluation of one iteration, on a slow machine
 FOLLOWER_WAIT_S = 24 * 3600.0
@@ -77,7 +78,7 @@ class Announcements:
             raise RuntimeError("only rank 0 announces trainer calls")
         self._forget_read()
         self.sent += 1
-        self.store.set(str(self.sent), pickle.dumps((call, args)))
+        self.store.set(str(self.sent), wire.encode([call, list(args)]))
         self.unread.append(self.sent)
         return self.sent
 
@@ -96,13 +97,14 @@ class Announcements:
         except RuntimeError as e:  # torch's DistStoreError on a timeout
             raise TimeoutError(f"rank {self.rank}: no call from rank 0 within {self.wait} (call {key}); rank 0 "
                                f"is stuck or gone") from e
-        call, args = pickle.loads(self.store.get(key))
+        call, args = wire.decode(self.store.get(key))
+        args = tuple(args)
         self.store.add(f"{key}/read", 1)
         return call, args
 
     def answer(self, value: Any) -> None:
         """A follower's result of the call it read last (an exception is raised again on rank 0)."""
-        self.store.set(f"{self.sent}/answer/{self.rank}", pickle.dumps(value))
+        self.store.set(f"{self.sent}/answer/{self.rank}", wire.encode(value))
 
     def answers(self, call: int, ranks: list[int]) -> dict[int, Any]:
         """Rank 0: the followers' answers to call number ``call``, by rank; an answer that is an exception is
@@ -114,7 +116,7 @@ class Announcements:
             raise TimeoutError(f"rank 0: no answer to call {call} from ranks {ranks} within {self.wait}") from e
         got = {}
         for r, key in zip(ranks, keys, strict=True):
-            got[r] = pickle.loads(self.store.get(key))
+            got[r] = wire.decode(self.store.get(key))
             self.store.delete_key(key)
         for r, value in got.items():
             if isinstance(value, BaseException):
@@ -137,7 +139,7 @@ def follow(channel: Announcements | None = None) -> bool:
         if call == "exit":
             return bool(args[0])
         if call == "open":
-            data, resume, model_path = args  # the config as plain data: the schema's objects do not pickle
+            data, resume, model_path = args  # the config as plain data (train/wire.py)
             cfg = Config.model_validate(data)
             trainer = Trainer(cfg, resume=resume, model_path=model_path, renderer=make_renderer(cfg))
         elif call == "close":
@@ -177,7 +179,7 @@ def _engine_call(channel: Announcements, engine: Any, call: str, args: tuple[Any
         import traceback
 
         traceback.print_exc()
-        channel.answer(RuntimeError(f"{type(e).__name__}: {e}"))  # plain: any exception type unpickles there
+        channel.answer(e)  # travels as its text (train/wire.py); rank 0 raises it naming this rank
     return engine
 
 

@@ -209,7 +209,7 @@ def update(cfg: Config, seqs: Sequences, actor: Any, *, critic: Any = None, ref:
     metrics["actor/signal_trajectories"] = float(signal.sum())
     metrics["actor/zero_variance_groups"] = float(len(set(seqs.groups[~signal.numpy()].tolist())))
     adv, returns = compute_advantages(
-        a.adv_estimator, rewards=rewards, values=values, scores=scores, groups=torch.as_tensor(seqs.groups),
+        a.adv_estimator, rewards=rewards, values=values, scores=scores, groups=torch.tensor(np.asarray(seqs.groups)),
         mask=actor_mask, valid=valid, turn_ends=ends if a.bi_level_gae else None, gamma=a.gamma, lam=a.lam,
         bi_level=a.bi_level_gae, high_level_gamma=a.high_level_gamma,
         grpo_norm="mean_std" if a.reward_norm_method != "mean" else "mean", length_weight=a.grpo_length_weight)
