@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -124,14 +125,28 @@ class LocalPostgres(Service):
 
     @property
     def password(self) -> str:
+        """The superuser's password: made on first use; a file already there is used only when it is this user's
+        own, private (0600) and not a link (else anyone who made it first would choose the password)."""
         f = self.password_file
-        if not f.is_file():
-            f.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as out:
-                    out.write(secrets.token_urlsafe(24))
-        return f.read_text().strip()
+        f.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(24))
+        try:
+            fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as e:  # ELOOP: a symbolic link
+            raise ServiceError(f"PostgreSQL password file {f} cannot be opened safely ({e.strerror}): it must be a "
+                               f"plain file; delete it (and the data directory {self.data_dir} if it is not "
+                               f"yours) and start again") from None
+        with os.fdopen(fd) as src:
+            st = os.fstat(src.fileno())
+            if st.st_uid != os.geteuid() or st.st_mode & 0o077 or not stat.S_ISREG(st.st_mode):
+                raise ServiceError(f"PostgreSQL password file {f} is not this user's private file (owner uid "
+                                   f"{st.st_uid}, mode {oct(st.st_mode & 0o777)}; it must be uid {os.geteuid()}, "
+                                   f"0600): someone else may have chosen the password. Delete it and the data "
+                                   f"directory {self.data_dir}, or `chmod 600` it if you made it yourself")
+            return src.read().strip()
 
     @property
     def client_env(self) -> dict[str, str]:
@@ -153,8 +168,13 @@ class LocalPostgres(Service):
         if os.geteuid() != 0:
             return
         pw = self._postgres_user()
-        for p in [self.data_dir, *self.data_dir.rglob("*")]:
-            os.chown(p, pw.pw_uid, pw.pw_gid)
+        if self.data_dir.is_symlink():
+            raise ServiceError(f"PostgreSQL data directory {self.data_dir} is a symbolic link: under root its "
+                               f"files are handed to the `postgres` user, so it must be a real directory; "
+                               f"choose another path or replace the link")
+        for top, dirs, files in os.walk(self.data_dir):  # links are handed over as links, never followed
+            for name in [top, *(os.path.join(top, n) for n in dirs + files)]:
+                os.chown(name, pw.pw_uid, pw.pw_gid, follow_symlinks=False)
         for parent in self.data_dir.resolve().parents:
             if not parent.stat().st_mode & 0o001:
                 raise ServiceError(f"PostgreSQL runs as the `postgres` user, which cannot reach {self.data_dir}: "
@@ -174,7 +194,7 @@ class LocalPostgres(Service):
             if os.geteuid() == 0:
                 pw = self._postgres_user()
                 for f in (Path(tmp), pwfile):
-                    os.chown(f, pw.pw_uid, pw.pw_gid)
+                    os.chown(f, pw.pw_uid, pw.pw_gid, follow_symlinks=False)
             self._run([pg_bin("initdb"), "-D", str(self.data_dir), "-U", self.user, "--auth=scram-sha-256",
                        f"--pwfile={pwfile}", "-E", "UTF8", "--no-instructions"], "initdb")
 
