@@ -1,12 +1,11 @@
-import contextlib
-import hashlib
 import os
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from listening import listening, socket_owners
+from listening import listening
+from user_state import changed, new_servers, server_problems, user_state
 
 from tasks.services import prefect_home_env  # imports no prefect
 
@@ -16,6 +15,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemet
 os.environ.update(prefect_home_env(Path(tempfile.mkdtemp(prefix="ragen-tests-prefect-"))))
 os.environ.pop("PREFECT_API_URL", None)
 ROOT = Path(__file__).resolve().parents[1]
+# the project whose state the session guards (tests/test_user_state.py points a session of its own elsewhere)
+GUARDED_ROOT = Path(os.environ.get("RAGEN_TESTS_GUARDED_ROOT", ROOT))
 
 TIERS = ("unit", "integration", "faults")
 FAULTS_DIR = Path(__file__).resolve().parent / "faults"
@@ -72,32 +73,8 @@ def dvc_repo(tmp_path):
     return tmp_path / "repo"
 
 
-def _user_state() -> dict[str, str]:
-    """What the tests must leave as they found it: the project's MLflow store and run folder, its DVC remote, the
-    user's own Prefect home (each file by size and hash; folders by their listing)."""
-    import configparser
-
-    places = [ROOT / "mlflow.db", ROOT / "mlruns", ROOT / "mlartifacts", Path.home() / ".prefect"]
-    cfg = configparser.ConfigParser()
-    cfg.read(ROOT / ".dvc" / "config")
-    places += [(ROOT / ".dvc" / cfg[s]["url"]).resolve() for s in cfg.sections()
-               if s.startswith("remote") and "://" not in cfg[s].get("url", "://")]
-    runs = ROOT / "runs"  # the user's runs (gigabytes, some training right now): which ones exist, not their bytes
-    state = {str(r): "a run folder" for r in sorted(runs.iterdir())} if runs.is_dir() else {}
-    for place in places:
-        files = [place] if place.is_file() else sorted(f for f in place.rglob("*") if f.is_file()) \
-            if place.is_dir() else []
-        for f in files:
-            if f.name.endswith((".lock", ".db-shm", ".db-wal")):  # transient, rewritten on open
-                continue
-            with contextlib.suppress(OSError):
-                state[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest() if f.stat().st_size < 2**26 \
-                    else str(f.stat().st_mtime_ns)
-    return state
-
-
 def pytest_sessionstart(session):
-    session.config._user_state = _user_state()
+    session.config._user_state = user_state(GUARDED_ROOT, Path.home())
     session.config._servers = set(listening())
 
 
@@ -107,20 +84,14 @@ def pytest_sessionfinish(session, exitstatus):
     before = getattr(session.config, "_user_state", None)
     if before is None:
         return
-    after = _user_state()
-    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    problems = changed(before, user_state(GUARDED_ROOT, Path.home()))[:20]
     deadline = time.monotonic() + 15
     while True:  # a server stopped at teardown may take a moment to close its socket
-        new = {i: a for i, a in listening().items() if i not in session.config._servers}
-        owners = {i: pid for i, pid in socket_owners(set(new)).items() if pid != os.getpid()}
-        if not owners or time.monotonic() > deadline:
+        servers = new_servers(session.config._servers, os.getpid())
+        if not servers or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    problems = [f"changed or created by the tests: {k}" for k in changed[:20]]
-    for inode, pid in owners.items():
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:200] \
-            if Path(f"/proc/{pid}/cmdline").exists() else "?"
-        problems.append(f"left listening on {new[inode][0]}:{new[inode][1]}: pid {pid} ({cmd})")
+    problems += server_problems(servers)
     if problems:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
