@@ -9,6 +9,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows import trust
 from flows.evaluate import evaluate_flow
 from flows.train_loop import train_loop
 from ragen.config import Config, load_config
@@ -31,6 +32,7 @@ def grid_config(grid: Grid, name: str, seed: int) -> tuple[Resolved, Config, str
 
 
 @flow(name="ragen-grid-train", flow_run_name="{name}-s{seed}", persist_result=False)
+@trust.gated
 def grid_train(name: str, seed: int = 0, params: str = "params.yaml", reports: str = REPORTS) -> dict[str, Any]:
     grid = read_grid(params)
     r, _, run_name = grid_config(grid, name, seed)
@@ -42,6 +44,7 @@ def grid_train(name: str, seed: int = 0, params: str = "params.yaml", reports: s
 
 
 @flow(name="ragen-grid-evaluate", flow_run_name="{name}-s{seed}", persist_result=False)
+@trust.gated
 def grid_evaluate(name: str, seed: int = 0, params: str = "params.yaml", reports: str = REPORTS) -> dict[str, Any]:
     import json
 
@@ -56,6 +59,7 @@ def grid_evaluate(name: str, seed: int = 0, params: str = "params.yaml", reports
 
 
 @flow(name="ragen-grid-report", persist_result=False)
+@trust.gated
 def grid_report(params: str = "params.yaml", reports: str = REPORTS, out: str = REPORT) -> dict[str, Any]:
     grid = read_grid(params)
     res = tasks.write_report(reports, grid.runs(), grid.scale, out, list(grid.overrides))
@@ -68,6 +72,7 @@ def grid_report(params: str = "params.yaml", reports: str = REPORTS, out: str = 
 
 
 @flow(name="ragen-ablations", persist_result=False)
+@trust.gated
 def ablations_flow(params: str = "params.yaml", reports: str = REPORTS, out: str = REPORT) -> dict[str, Any]:
     """Every run of the grid not yet scored (train, then evaluate), then the report."""
     import json

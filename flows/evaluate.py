@@ -9,6 +9,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows import trust
 from ragen.config import Config
 from ragen.eval import evaluate as ev
 from ragen.run.evaluation import resolve_checkpoint, reuse_run_evaluation
@@ -27,6 +28,7 @@ def model_to_score(cfg: Config, checkpoint: str | None, mlflow_model: str | None
 
 
 @flow(name="ragen-evaluate", persist_result=False)
+@trust.gated
 def evaluate_flow(cfg: Config, out: str, checkpoint: str | None = None, mlflow_model: str | None = None,
                   greedy: bool = False, log: bool = True, reuse_run: bool = False) -> dict[str, Any]:
     """Score a checkpoint on ``eval.panel``; ``reuse_run``: when ``checkpoint`` is a run directory that already

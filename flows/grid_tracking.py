@@ -10,6 +10,7 @@ from typing import Any
 
 from prefect import flow
 
+from flows import trust
 from flows.ablations import REPORT, REPORTS, grid_config
 from ragen.experiments import read_grid
 from ragen.report.grid import grid_dir
@@ -17,6 +18,7 @@ from tasks import grid as tasks
 
 
 @flow(name="ragen-grid-restore-tracking", persist_result=False)
+@trust.gated
 def grid_restore_tracking(params: str = "params.yaml", reports: str = REPORTS, out: str = REPORT,
                           tracking_uri: str | None = None) -> dict[str, Any]:
     """Every scored run of the grid as a child of the sweep's parent run (one already there is kept), then the

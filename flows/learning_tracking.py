@@ -8,11 +8,13 @@ from typing import Any
 
 from prefect import flow
 
+from flows import trust
 from ragen.config import load_config
 from tasks import learning as tasks
 
 
 @flow(name="ragen-learn-tracking", persist_result=False)
+@trust.gated
 def learn_tracking(outs: list[str], tracking_uri: str | None = None, export: str | None = None) -> dict[str, Any]:
     """Each measurement directory as an MLflow run (kept when already there); then the CSV export."""
     uri = tracking_uri or load_config("params.yaml" if Path("params.yaml").is_file() else None

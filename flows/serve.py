@@ -227,19 +227,24 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def main() -> None:
-    from prefect import serve
-
+def deployments() -> list[Any]:
+    """What ``ragen serve`` deploys: each flow is gated (flows/trust.py), its parameters checked before any file
+    is parsed; tests/test_trust.py fails on a deployment that skips the gate."""
     from flows.sft import sft_flow
     from flows.train_loop import train_loop
 
-    # parameters default to the flows': params.yaml of the working directory, run "default"; one run at a time
-    # across both deployments (each holds a rollout engine and a trainer)
-    serve(train_loop.to_deployment(name="train-loop", description="StarPO(-S) training run (one subflow per "
-                                   "iteration)", tags=["ragen"]),
-          sft_flow.to_deployment(name="sft", description="SFT warm-start: demos -> SFT -> format evaluation",
-                                 tags=["ragen"]),
-          limit=1, print_starting_message=True)
+    # parameters default to the flows': params.yaml of the working directory, run "default"
+    return [train_loop.to_deployment(name="train-loop", description="StarPO(-S) training run (one subflow per "
+                                     "iteration)", tags=["ragen"]),
+            sft_flow.to_deployment(name="sft", description="SFT warm-start: demos -> SFT -> format evaluation",
+                                   tags=["ragen"])]
+
+
+def main() -> None:
+    from prefect import serve
+
+    # one run at a time across the deployments (each holds a rollout engine and a trainer)
+    serve(*deployments(), limit=1, print_starting_message=True)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,14 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows import trust
 from ragen.config import load_config
 from ragen.sft import pipeline
 from tasks import sft as tasks
 
 
 @flow(name="ragen-sft", flow_run_name="sft", persist_result=False)
+@trust.gated
 def sft_flow(params: str | None = "params.yaml", preset: list[str] | None = None,
              overrides: list[str] | None = None, evaluate: bool = True, version: bool = True) -> dict[str, Any]:
     """Warm-start of config = params file <- presets <- overrides (``key=value``)."""

@@ -69,12 +69,11 @@ def resolve(params: str | None, preset: list[str] | str | None, overrides: list[
 
 
 @flow(name="ragen", flow_run_name="{run_name}", persist_result=False)
+@trust.gated
 def train_loop(run_name: str = "default", params: str | None = "params.yaml", preset: list[str] | None = None,
                overrides: list[str] | None = None, iterations: int | None = None) -> dict[str, Any]:
     """Train (or continue) run ``run_name``: config = params file <- presets <- overrides (``key=value``)."""
-    cfg = resolve(params, preset, overrides, iterations)
-    if trust.deployment_run():  # parameters from whoever triggered it: refuse what the worker does not allow
-        trust.check_deployment_config(cfg, params)
+    cfg = resolve(params, preset, overrides, iterations)  # a deployment run's were checked first (trust.gated)
     run = RunDir.at(cfg.trainer.run_dir, run_name)
     with run.locked():  # one process per run directory (a second start is refused before it logs anything)
         return _train(run, cfg, run_name, params, preset, overrides, iterations)

@@ -425,7 +425,7 @@ def available_presets() -> list[str]:
 
 def load_preset(name: str) -> dict[str, Any]:
     path = resources.files("ragen").joinpath(PRESET_DIR, f"{name}.yaml")
-    if not path.is_file():
+    if name not in available_presets():  # a name, never a path: "../x" must not reach a file outside the package
         close = difflib.get_close_matches(name, available_presets(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"unknown preset {name!r}{hint}; available: {', '.join(available_presets())}")
