@@ -225,8 +225,9 @@ def bench_faults_cmd(as_json: JsonOpt = False,
                      quick: Annotated[bool, typer.Option("--quick", help="only the cases that do not train "
                                                                          "(about a minute)")] = False) -> None:
     """The fault-injection suite (tests/faults): SIGKILL in rollout, update and DVC push, MLflow outage, full disk,
-    damaged files, bad settings, concurrent runs, adversarial model output. Prints faults tried, survived and
-    files of completed iterations lost (must be 0); exits 1 if any fault was not survived."""
+    damaged files, bad settings, concurrent runs, adversarial model output. Prints the faults by kind (real,
+    simulated; bad inputs apart), those not tried and why, survived, and distinct guarded files lost (must be 0);
+    exits 1 if a tried fault was not survived or a bad input not refused."""
     from cli.fault_bench import bench_faults
 
     try:
@@ -237,10 +238,15 @@ def bench_faults_cmd(as_json: JsonOpt = False,
         typer.echo(json.dumps(result))
     else:
         for f in result["faults"]:
-            typer.echo(f"{'survived' if f['survived'] else 'FAILED':8s}  {f['name']}")
-        typer.echo(f"faults tried {result['faults_tried']}, survived {result['survived']}, data lost "
-                   f"{result['data_lost']} files; {result['wall_s']:.0f} s")
-    if result["pytest_exit_code"] != 0 or result["survived"] < result["faults_tried"] or result["data_lost"]:
+            state = "not tried" if f.get("not_tried") else "survived" if f["survived"] else "FAILED"
+            typer.echo(f"{state:9s}  {f['kind']:9s}  {f['name']}" + (f"  [{f['not_tried']}]" if f.get("not_tried")
+                                                                    else ""))
+        typer.echo(f"faults tried {result['faults_tried']} ({result['real']} real, {result['simulated']} "
+                   f"simulated), survived {result['survived']}; bad inputs {result['input']} (refused "
+                   f"{result['inputs_refused']}); not tried {result['not_tried']}; data lost {result['data_lost']} "
+                   f"of {result['guarded_files']} guarded files; {result['wall_s']:.0f} s")
+    if result["pytest_exit_code"] != 0 or result["survived"] < result["faults_tried"] or result["data_lost"] \
+            or result["inputs_refused"] < result["input"]:
         raise typer.Exit(1)
 
 

@@ -7,8 +7,8 @@ import time
 
 
 def bench_faults(*, quick: bool = False, pytest_args: tuple[str, ...] = ()) -> dict:
-    """Run the fault-injection suite (tests/faults of the project checkout) and return its counts: faults tried,
-    survived, files of completed iterations guarded and lost. ``quick`` leaves out the cases that train (slow)."""
+    """Run the fault-injection suite (tests/faults of the project checkout) and return its counts: faults tried
+    by kind (real, simulated; bad inputs apart), not tried, survived, distinct guarded files and those lost. ``quick`` leaves out the cases that train (slow)."""
     import json
     import os
     import subprocess
@@ -28,8 +28,8 @@ def bench_faults(*, quick: bool = False, pytest_args: tuple[str, ...] = ()) -> d
         t0 = time.monotonic()
         # pytest's own report goes to stderr, so stdout stays one JSON object
         r = subprocess.run(cmd, cwd=suite.parents[1], env=env, stdout=sys.stderr, stderr=sys.stderr)
-        counts = json.loads(out.read_text()) if out.is_file() else {"faults_tried": 0, "real": 0,
-                                                                     "simulated": 0, "survived": 0,
-                                                                     "data_lost": 0, "faults": []}
+        counts = json.loads(out.read_text()) if out.is_file() else {
+            "faults_tried": 0, "real": 0, "simulated": 0, "input": 0, "not_tried": 0, "survived": 0,
+            "inputs_refused": 0, "data_lost": 0, "guarded_files": 0, "faults": []}
     return {**counts, "pytest_exit_code": r.returncode, "wall_s": round(time.monotonic() - t0, 1),
             "quick": quick}

@@ -6,6 +6,7 @@ import errno
 import shutil
 
 import pytest
+from ledger import declares
 from test_loop import TINY
 from typer.testing import CliRunner
 
@@ -29,6 +30,7 @@ def train(tmp_path, *extra, iterations=2, run="r"):
     (["--set", "trainer.total_training_steps=-3"], "trainer.total_training_steps"),
     (["--run", "../elsewhere"], "plain folder name"),
 ])
+@declares(("bad input: {args}", "input"))
 def test_bad_settings_are_refused_naming_the_field(tmp_path, fault, args, expected):
     fault(f"bad input: {' '.join(args)}")
     r = CliRunner().invoke(app, ["train", "--no-prefect", "--preset", "cpu-small", "--set",
@@ -39,6 +41,7 @@ def test_bad_settings_are_refused_naming_the_field(tmp_path, fault, args, expect
 
 
 @pytest.mark.slow
+@declares("missing model files")
 def test_missing_model_files_are_named(tmp_path, fault):
     fault("missing model files")
     broken = tmp_path / "model"
@@ -53,10 +56,11 @@ def test_missing_model_files_are_named(tmp_path, fault):
 
 
 @pytest.mark.slow
+@declares(("write failure (disk full) on the run directory", "simulated"), "corrupted checkpoint")
 def test_disk_full_then_corrupted_checkpoint(tmp_path, monkeypatch, fault):
     import pandas as pd
 
-    full = fault("write failure (disk full) on the run directory", "simulated")  # a patched writer raises ENOSPC
+    full = fault("write failure (disk full) on the run directory")  # a patched writer raises ENOSPC
     damaged = fault("corrupted checkpoint")
     run = tmp_path / "r"
     real = pd.DataFrame.to_parquet

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ledger import declares
 from test_loop import TINY
 
 from ragen.run.rundir import RunDir
@@ -27,6 +28,7 @@ def train_cmd(repo, tmp_path, name, lr, iterations):
             "--iterations", str(iterations), *[a for o in over for a in ("--set", o)]]
 
 
+@declares("two runs started at once on one machine", "the same run started twice at once")
 def test_two_runs_at_once_then_a_duplicate_start_is_refused(dvc_repo, tmp_path, fault):
     import mlflow
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from ledger import declares
 from listening import listen_addresses
 from safetensors.torch import load_file
 from test_loop import TINY
@@ -56,6 +57,8 @@ def rewritten(path: Path, since: float) -> bool:
         return False
 
 
+@declares("SIGKILL during a vLLM rollout (deployment run)", "SIGKILL during an update (deployment run)",
+          "Prefect server and worker SIGKILLed mid-run, then restarted")
 def test_sigkill_of_a_deployment_run_during_vllm_rollout_and_update(tmp_path, monkeypatch, fault):
     from flows.serve import LocalPrefect
     from flows.trust import ALLOWED_ROOTS

@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from ledger import declares
 
 from tasks.versioning import VersioningError, when_unlocked
 
@@ -39,6 +40,7 @@ def add(repo, name):
     return fn
 
 
+@declares("DVC repository locked by another process (wait, then time out)")
 def test_dvc_lock_contention_is_waited_for_then_times_out_with_a_clear_error(dvc_repo, fault):
     fault("DVC repository locked by another process (wait, then time out)")
     holder = hold_lock(dvc_repo, 4)

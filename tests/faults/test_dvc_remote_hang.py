@@ -13,6 +13,7 @@ from pathlib import Path
 import dvc  # noqa: F401
 import pytest
 from http_remote import http_remote
+from ledger import declares
 from remote_checks import failures, misnamed, on_remote, remote_objects
 from test_loop import TINY
 from typer.testing import CliRunner
@@ -42,6 +43,7 @@ def train(repo, tmp_path, iterations):
     assert f"..{iterations - 1}" in r.output.split("completed iterations")[-1], r.output[-3000:]
 
 
+@declares("DVC remote stops answering (a real HTTP server)")
 def test_a_dvc_remote_that_stops_answering_costs_one_deadline_and_is_caught_up(prefect_api, dvc_repo, tmp_path,
                                                                                  fault):
     hung = fault("DVC remote stops answering (a real HTTP server)")

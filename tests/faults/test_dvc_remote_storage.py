@@ -17,6 +17,7 @@ import dvc  # noqa: F401
 import pytest
 from damage import pull_back_from_remote_alone
 from filesystems import remount, tmpfs, used
+from ledger import declares
 from remote_checks import failures, on_remote
 from test_loop import TINY
 from typer.testing import CliRunner
@@ -46,6 +47,7 @@ def train(repo, tmp_path, iterations):
     assert f"completed iterations {iterations - 1}..{iterations - 1}" in r.output, r.output[-3000:]
 
 
+@declares("DVC remote full (a real tmpfs)", "DVC remote read-only (a real remount)")
 def test_a_full_then_read_only_dvc_remote_then_room_again(prefect_api, dvc_repo, remote_fs, tmp_path, fault):
     full, read_only = fault("DVC remote full (a real tmpfs)"), fault("DVC remote read-only (a real remount)")
     run = RunDir(dvc_repo / "runs" / "r")

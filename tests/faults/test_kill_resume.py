@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ledger import declares
 from safetensors.torch import load_file
 from test_loop import TINY
 
@@ -47,6 +48,8 @@ def kill_when(cmd, ready, what):
     assert p.wait() == -signal.SIGKILL
 
 
+@declares("SIGKILL during rollout", "SIGKILL during update", "SIGKILL in iteration 0",
+          "SIGKILL inside a checkpoint write")
 def test_sigkill_during_rollout_and_update_then_rerun_equals_uninterrupted(tmp_path, fault):
     during_rollout, during_update = fault("SIGKILL during rollout"), fault("SIGKILL during update")
     ref = subprocess.run(train_cmd(tmp_path, "ref"), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)

@@ -5,6 +5,7 @@ start logs to a new MLflow run every completed iteration, with the values its me
 import json
 
 import pytest
+from ledger import declares
 from test_loop import TINY
 
 from ragen.run.rundir import RunDir
@@ -12,6 +13,7 @@ from ragen.run.rundir import RunDir
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
+@declares("corrupted mlflow.db")
 def test_a_damaged_mlflow_db_is_named_and_the_run_is_logged_again_later(prefect_api, tmp_path, fault):
     import mlflow
 

@@ -4,6 +4,8 @@ failed with "table _alembic_tmp_experiments already exists" and its run never re
 
 import multiprocessing
 
+from ledger import declares
+
 from ragen.config import load_config
 
 PROCESSES = 4
@@ -25,6 +27,7 @@ def start_run(uri: str, artifacts: str, barrier, out) -> None:
         out.put(("error", f"{type(e).__name__}: {e}"[:500]))
 
 
+@declares("MLflow store opened by several processes at once")
 def test_processes_opening_a_fresh_store_together_each_get_their_run(tmp_path, fault):
     import mlflow
 

@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from ledger import declares
 from safetensors.torch import load_file
 from test_loop import TINY
 
@@ -27,10 +28,11 @@ def finite_weights(path):
     return w, all(bool(torch.isfinite(t).all()) for t in w.values())
 
 
+@declares(("NaN/inf storm over several iterations", "simulated"))
 def test_a_nan_storm_is_skipped_then_rolled_back(tmp_path, monkeypatch, fault):
     # the policy loss is made NaN (simulated); nothing is guarded by path: the rollback moves iteration 0 into its
     # archive, where it is compared byte for byte with `before`
-    fault("NaN/inf storm over several iterations", "simulated")
+    fault("NaN/inf storm over several iterations")
     cfg = load_config(None, ["cpu-small"], [
         *TINY, f"trainer.run_dir={tmp_path}", "trainer.total_training_steps=3", "trainer.checkpoint_every=1",
         "trainer.val_before_train=false", "trainer.test_freq=100", "guard.enabled=true",

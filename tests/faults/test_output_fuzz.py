@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ledger import declares
 
 from ragen.config import load_config
 from ragen.report.trajectories import render_trajectories_html
@@ -44,6 +45,7 @@ LONG = ("huge outputs", "up to 10k actions")
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@declares(("model output fuzzing: {kind} (10 hypothesis examples)", "simulated"))  # a scripted engine plays the model
 def test_adversarial_output_through_the_rollout_path(tokenizer, renderer, tmp_path, fault, kind):
     fault(f"model output fuzzing: {kind} (10 hypothesis examples)")
     cfg = load_config(None, ["cpu-small"], [

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from filesystems import remount, tmpfs, used
+from ledger import declares
 from safetensors.torch import load_file
 from test_loop import TINY
 from typer.testing import CliRunner
@@ -59,6 +60,7 @@ def final(run_dir):
             load_file(str(run_dir / "r" / "checkpoints" / "iter_00001" / "actor" / "model.safetensors")))
 
 
+@declares("disk full (a real tmpfs)", "read-only file system (a real remount)")
 def test_a_full_then_read_only_file_system_then_room_again(small_fs, reference, fault):
     full, read_only = fault("disk full (a real tmpfs)"), fault("read-only file system (a real remount)")
     assert train(small_fs, 1).exit_code == 0
@@ -116,6 +118,7 @@ def shut_down(mnt):
         os.close(fd)
 
 
+@declares("I/O errors then a power cut (ext4 shut down without a journal flush)")
 def test_a_power_cut_mid_iteration_keeps_every_completed_iteration(ext4, reference, fault):
     cut = fault("I/O errors then a power cut (ext4 shut down without a journal flush)")
     mnt, mount = ext4

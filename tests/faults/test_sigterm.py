@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ledger import declares
 from test_loop import TINY
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -43,6 +44,7 @@ def mlflow_status(tmp, name):
     return [r.info.status for r in runs]
 
 
+@declares("SIGTERM during an update (ragen train, Prefect flow)")
 def test_sigterm_during_an_update_stops_cleanly_and_the_rerun_equals_uninterrupted(prefect_api, tmp_path, fault):
     term = fault("SIGTERM during an update (ragen train, Prefect flow)")
     env = dict(os.environ, PYTHONUNBUFFERED="1", PREFECT_API_URL=prefect_api)

@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+from ledger import declares
 from test_loop import TINY
 
 from ragen.run.rundir import RunDir
@@ -14,6 +15,7 @@ from tasks.services import LocalMLflowServer, free_port
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
+@declares("MLflow server unreachable for part of a run")
 def test_mlflow_down_for_an_iteration_is_caught_up_later(prefect_api, tmp_path, fault):
     import mlflow
 

@@ -1,0 +1,81 @@
+"""The fault bench's ledger (tests/faults/conftest.py, ledger.py) counts what happened: faults declared up front by
+kind, a skipped or deselected one as not tried with its reason, bad inputs apart, guarded files once each."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+FAULTS = Path(__file__).resolve().parent / "faults"
+
+PLANTED = '''
+import pytest
+from ledger import declares
+
+
+@declares("server killed", ("writer patched to fail", "simulated"))
+def test_real_and_simulated(fault, tmp_path_factory):
+    shared = tmp_path_factory.getbasetemp() / "shared.bin"
+    shared.write_bytes(b"x")
+    killed, f = fault("server killed"), fault("writer patched to fail")
+    killed.guard(shared)
+    f.guard(shared)  # the same file guarded twice: counted once
+    assert killed.lost_now() == [] and f.lost_now() == []
+
+
+@declares(("bad input: {args}", "input"))
+@pytest.mark.parametrize("args", [["--preset", "nope"], ["--set", "x=1"]])
+def test_inputs(fault, args):
+    fault(f"bad input: {' '.join(args)}")
+
+
+@declares("needs a tmpfs")
+def test_skipped(fault):
+    pytest.skip("cannot mount a tmpfs here")
+
+
+@declares("a slow one")
+@pytest.mark.slow
+def test_deselected(fault):
+    pass
+
+
+@declares("failed one")
+def test_failed(fault):
+    raise AssertionError("the pipeline lost its data")
+
+
+@declares("declared")
+def test_undeclared_use(fault):
+    fault("not declared")
+'''
+
+
+def test_the_ledger_counts_kinds_not_tried_and_distinct_guarded_files(tmp_path):
+    suite = tmp_path / "faults"
+    suite.mkdir()
+    for name in ("conftest.py", "ledger.py"):
+        shutil.copy(FAULTS / name, suite / name)
+    (suite / "test_planted.py").write_text(PLANTED)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: x\n    fault_plan: x\n")
+    out = tmp_path / "faults.json"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", str(suite)],
+                       cwd=tmp_path, env={**os.environ, "RAGEN_FAULTS_JSON": str(out)}, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1, r.stdout[-3000:]  # two planted failures
+    s = json.loads(out.read_text())
+    assert {k: s[k] for k in ("faults_tried", "real", "simulated", "input", "not_tried", "survived",
+                              "inputs_refused", "data_lost", "guarded_files")} == {
+        "faults_tried": 4, "real": 3, "simulated": 1, "input": 2, "not_tried": 2, "survived": 2,
+        "inputs_refused": 2, "data_lost": 0, "guarded_files": 1}
+    by_name = {f["name"]: f for f in s["faults"]}
+    assert by_name["needs a tmpfs"]["not_tried"] == "skipped: Skipped: cannot mount a tmpfs here"
+    assert by_name["a slow one"]["not_tried"] == "deselected (-m / -k)"
+    assert by_name["bad input: --preset nope"]["kind"] == "input" and by_name["bad input: --set x=1"]["survived"]
+    assert not by_name["failed one"]["survived"] and not by_name["declared"]["survived"]
+    assert "fault 'not declared' is not declared: add it to the test's @declares" in r.stdout
