@@ -8,7 +8,8 @@ import time
 
 def bench_faults(*, quick: bool = False, pytest_args: tuple[str, ...] = ()) -> dict:
     """Run the fault-injection suite (tests/faults of the project checkout) and return its counts: faults tried
-    by kind (real, simulated; bad inputs apart), not tried, survived, distinct guarded files and those lost. ``quick`` leaves out the cases that train (slow)."""
+    by kind (real, simulated; bad inputs apart), not tried, survived, distinct guarded files and those lost.
+    ``quick`` leaves out the cases that train (slow)."""
     import json
     import os
     import subprocess

@@ -1,5 +1,5 @@
 """The ablation grid end to end at a tiny scale: `dvc repro report` in a fresh git + DVC repo holding the project's
-own dvc.yaml, with params.yaml's `experiments` block set to two experiments of two iterations on the tiny model.
+own dvc.yaml, with params.yaml's `experiments` block set to two experiments of one iteration on the tiny model.
 Checks the report, the curves and plots, the MLflow sweep parent with its tagged children (and their rebuild from
 the reports into an empty tracking database), and that a second `dvc repro` runs nothing."""
 
@@ -20,12 +20,12 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 EXPERIMENTS = ["starpo-ppo-bandit", "starpo-s-bandit"]
-# the tiny model, 4 groups x 4 Bandit rollouts, 2 iterations, an evaluation at each, the Bandit panel tag only
+# the tiny model, 4 groups x 4 Bandit rollouts, 1 iteration (evaluated before and after), the Bandit panel tag only
 TINY_GRID = [f"model.base={TINY_MODEL}", "model.dtype=fp32", "rollout.engine=hf", "rollout.response_length=8",
              "envs.train.n_groups=[4]", "envs.train.group_size=4", "actor.ppo_mini_batch_size=4",
              "critic.ppo_mini_batch_size=4", "actor.micro_batch_size=4", "critic.micro_batch_size=4",
              "actor.gradient_checkpointing=false", "critic.gradient_checkpointing=false",
-             "trainer.total_training_steps=2", "trainer.test_freq=1", "eval.tags=[Bandit]",
+             "trainer.total_training_steps=1", "trainer.test_freq=1", "eval.tags=[Bandit]",
              "rollout.sync_mean_tol=1e-3", "rollout.sync_max_tol=1e-2"]
 
 
@@ -68,16 +68,16 @@ def test_dvc_repro_runs_the_grid_and_writes_the_report(grid_repo):
         assert f"ablation-train@{name}-0" in first.stdout and f"ablation-eval@{name}-0" in first.stdout
         d = repo / "reports" / "grid" / f"{name}-s0"
         train = json.loads((d / "train.json").read_text())
-        assert train["iterations"] == 2 and train["experiment"] == name
+        assert train["iterations"] == 1 and train["experiment"] == name
         hist = json.loads((d / "history.json").read_text())["iterations"]
-        assert len(hist) == 2 and all("echo/warning" in h and "rollout/in_group_std" in h for h in hist)
+        assert len(hist) == 1 and all("echo/warning" in h and "rollout/in_group_std" in h for h in hist)
         ev = json.loads((d / "eval" / "eval.json").read_text())
         assert ev["metrics"]["Bandit/episodes"] == 32 and 0 <= ev["metrics"]["Bandit/success"] <= 1
         m = ev["metrics"]
         assert m["Bandit/success_lo"] <= m["Bandit/success"] <= m["Bandit/success_hi"]
         assert (d / "eval" / "rollouts.parquet").is_file()
         # the run's final validation already scored its last checkpoint on the panel: taken, not sampled again
-        assert ev["reused_from"].endswith("iter_00001/eval-panel") and ev["iteration"] == 1
+        assert ev["reused_from"].endswith("iter_00000/eval-panel") and ev["iteration"] == 0
     md = (repo / "reports" / "ablations.md").read_text()
     assert "## StarPO vs StarPO-S (Fig. 9)" in md and "| starpo-s-bandit | " in md and "| starpo-ppo-bandit | " in md
     assert "| starpo-s-bandit > starpo-ppo-bandit | Bandit |" in md and "## Echo Trap diagnostics" in md
@@ -85,7 +85,7 @@ def test_dvc_repro_runs_the_grid_and_writes_the_report(grid_repo):
     assert (repo / "reports" / "ablations" / "fig9.png").stat().st_size > 1000
     rows = list(csv.DictReader((repo / "reports" / "ablations" / "curves.csv").open()))
     assert {r["run"] for r in rows} == {f"{n}-s0" for n in EXPERIMENTS}
-    assert sorted(int(r["step"]) for r in rows if r["run"] == "starpo-s-bandit-s0") == [0, 1, 2]
+    assert sorted(int(r["step"]) for r in rows if r["run"] == "starpo-s-bandit-s0") == [0, 1]
 
 
 def test_an_evaluation_with_other_settings_is_not_reused(grid_repo, tmp_path):

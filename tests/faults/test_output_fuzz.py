@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from ledger import declares
 
@@ -42,12 +42,16 @@ def fragments(tokenizer, kind):
 
 KINDS = ["special tokens", "huge outputs", "up to 10k actions", "invalid UTF-8", "random token ids"]
 LONG = ("huge outputs", "up to 10k actions")
+# the long kinds cost seconds per example: a few drawn ones plus their largest input, always tried
+LARGEST = {"huge outputs": [max(SPECIAL, key=len) * 4000] * 6,
+           "up to 10k actions": ["<think>x</think><answer>" + " || ".join(["Left"] * 10_000) + "</answer>"] * 6}
+EXAMPLES = {kind: 3 if kind in LONG else 10 for kind in KINDS}
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@declares(("model output fuzzing: {kind} (10 hypothesis examples)", "simulated"))  # a scripted engine plays the model
+@declares(("model output fuzzing: {kind}", "simulated"))  # a scripted engine plays the model
 def test_adversarial_output_through_the_rollout_path(tokenizer, renderer, tmp_path, fault, kind):
-    fault(f"model output fuzzing: {kind} (10 hypothesis examples)")
+    fault(f"model output fuzzing: {kind}")
     cfg = load_config(None, ["cpu-small"], [
         "envs.train.tags=[SimpleSokoban, FrozenLake, Bandit]", "envs.train.n_groups=[1, 1, 1]",
         "envs.train.group_size=2", "agent.max_turn=3", "agent.max_actions_per_turn=5", "agent.enable_think=true",
@@ -56,7 +60,8 @@ def test_adversarial_output_through_the_rollout_path(tokenizer, renderer, tmp_pa
         *(["rollout.response_length=50000", "rollout.max_model_len=200000"] if kind in LONG
           else ["rollout.response_length=64"])])
 
-    @settings(max_examples=10, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=EXAMPLES[kind], deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
     @given(replies=st.lists(fragments(tokenizer, kind), min_size=1, max_size=6))
     def check(replies):
         engine = ScriptedEngine(tokenizer, lambda call, prompt: replies[call % len(replies)])
@@ -79,4 +84,4 @@ def test_adversarial_output_through_the_rollout_path(tokenizer, renderer, tmp_pa
         page = render_trajectories_html(back, n=6, decode=lambda ids: tokenizer.decode(list(ids)))
         assert "<script>alert" not in page and page.endswith("</html>\n")
 
-    check()
+    (example(replies=LARGEST[kind])(check) if kind in LARGEST else check)()
