@@ -10,8 +10,9 @@ closing it are announced the same way, and a generate call is answered back thro
 
 Announcements go through the launcher's key-value store, not a collective: a follower waits there for as long as
 rank 0's rollouts take (``follower_wait_s``), while a collective would time out after the process group's
-30 minutes. Values travel as plain data (train/wire.py), never pickled: the store listens where the launcher puts
-it, and whoever reaches it can disturb the run but cannot run code on its ranks (docs/threat-model.md)."""
+30 minutes. Meanwhile every rank's heartbeat (train/watchdog.py) ends the launch when one rank hangs. Values
+travel as plain data (train/wire.py), never pickled: the store listens where the launcher puts it, and whoever
+reaches it can disturb the run but cannot run code on its ranks (docs/threat-model.md)."""
 
 from __future__ import annotations
 
@@ -124,14 +125,35 @@ class Announcements:
         return got
 
 
+def launch_watchdog(channel: Announcements) -> Any:
+    """This rank's heartbeat over the launch's store (train/watchdog.py): a hung rank ends the launch."""
+    import torch.distributed as dist
+
+    from ragen.train.watchdog import Watchdog, separate_client
+
+    store = separate_client(dist.distributed_c10d._get_default_store())
+    return Watchdog(store, channel.rank, channel.world).start()
+
+
 def follow(channel: Announcements | None = None) -> bool:
     """A follower rank's life: build, use and drop trainers as rank 0 announces, until rank 0 says it is done.
-    Returns whether rank 0 finished without an error."""
+    Returns whether rank 0 finished without an error. In a launch (no ``channel`` given) a heartbeat runs
+    meanwhile, so a hung rank 0 ends this rank within the watchdog's bound."""
+    if channel is not None:
+        return _follow(channel)
+    channel = Announcements.of_launch()
+    dog = launch_watchdog(channel)
+    try:
+        return _follow(channel)
+    finally:
+        dog.finish()
+
+
+def _follow(channel: Announcements) -> bool:
     from ragen.config import Config
     from ragen.rollout.factory import make_renderer
     from ragen.train.trainer import Trainer
 
-    channel = channel or Announcements.of_launch()
     trainer: Trainer | None = None
     engine: Any = None  # this rank's vLLM engine, when rollouts are shared over the ranks (rollout/shards.py)
     while True:
@@ -201,6 +223,7 @@ def leading() -> Iterator[Announcements | None]:
     if launcher_rank() != 0:
         raise RuntimeError("leading() is rank 0's; the other ranks call follow()")
     channel = Announcements.of_launch()
+    dog = launch_watchdog(channel)
     _leader[:] = [channel]
     ok = False
     try:
@@ -209,3 +232,4 @@ def leading() -> Iterator[Announcements | None]:
     finally:
         _leader.clear()
         channel.post("exit", ok)
+        dog.finish()
