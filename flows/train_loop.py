@@ -4,6 +4,7 @@ control flow of ragen.run.loop. Deployment ``train-loop`` serves it (``prefect d
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ def iteration_flow(run_root: str, k: int, last: int, run_id: str | None = None) 
     if run_id is not None:
         t0 = time.monotonic()
         tracking.reported(run, f"MLflow logging of iteration {k}", tracking.log_iteration, cfg, run, run_id, k,
-                          metrics)
+                          metrics, pause=cfg.tracking.mlflow_tracking_uri)
         metrics["timing_s/log"] = time.monotonic() - t0
     return metrics
 
@@ -111,7 +112,8 @@ def _train(run: RunDir, cfg: Config, run_name: str, params: str | None, preset: 
                     "%s), the rolled-back iterations are in %s", ", ".join(event.signals), event.at, event.to,
                     event.lr_factor, ", ".join(event.overrides) or "no other remedy", run.root / event.archived)
         if run_id is not None:
-            tracking.reported(run, "MLflow guard event", tracking.log_rollback, cfg, run_id, n, event.__dict__)
+            tracking.reported(run, "MLflow guard event", tracking.log_rollback, cfg, run_id, n, event.__dict__,
+                              pause=cfg.tracking.mlflow_tracking_uri)
 
     try:
         res = loop.run_training(cfg, run_name, ops=stages, iteration=step, on_iteration=report,
@@ -126,6 +128,9 @@ def _train(run: RunDir, cfg: Config, run_name: str, params: str | None, preset: 
         tracking.reported(run, "DVC versioning (catch-up)", versioning.version_iteration, cfg, run, done[-1],
                           cfg.trainer.total_training_steps - 1)
     if run_id is not None:
+        if done and done[-1] not in tracking.logged(run):  # skipped while MLflow paused: one last try, no pause
+            tracking.reported(run, "MLflow logging (catch-up)", tracking.log_iteration, cfg, run, run_id, done[-1],
+                              json.loads((run.iteration(done[-1]) / "metrics.json").read_text()))
         tracking.reported(run, "MLflow summary", tracking.log_summary, cfg, run, run_id)
         tracking.reported(run, "MLflow model registration", model_registry.register_model, cfg, run, run_id)
         tracking.reported(run, "MLflow end", tracking.end_tracking, cfg, run_id, "FINISHED")

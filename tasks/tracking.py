@@ -40,6 +40,16 @@ HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BA
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
 
 
+def hung(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition for MLflow tasks: retry a failure, but not a request that timed out (a hung
+    server would cost a whole request timeout per retry); the pause in ``reported`` takes it from there."""
+    try:
+        state.result()
+    except Exception as e:
+        return "timed out" not in str(e).lower()
+    return True
+
+
 def mlflow_client(cfg: Config) -> Any:
     import os
 
@@ -243,7 +253,8 @@ def logged(run: RunDir) -> set[int]:
     return set(json.loads(p.read_text())) if p.is_file() else set()
 
 
-@task(name="log_iteration", retries=3, retry_delay_seconds=2, timeout_seconds=600, **NO_RESULT)
+@task(name="log_iteration", retries=3, retry_delay_seconds=2, timeout_seconds=600, retry_condition_fn=hung,
+      **NO_RESULT)
 def log_iteration(cfg: Config, run: RunDir, run_id: str, k: int, metrics: dict[str, float]) -> None:
     """Iteration k, after any earlier completed iteration that never reached MLflow (killed or failed before its
     logging): each from its metrics.json, then k with the flow's extra timings. The ledger ``mlflow-logged.json``
@@ -317,7 +328,7 @@ def log_summary(cfg: Config, run: RunDir, run_id: str) -> None:
         client.log_artifact(run_id, str(Path(d) / "params.yaml"))
 
 
-@task(name="log_rollback", retries=3, retry_delay_seconds=2, **NO_RESULT)
+@task(name="log_rollback", retries=3, retry_delay_seconds=2, retry_condition_fn=hung, **NO_RESULT)
 def log_rollback(cfg: Config, run_id: str, n: int, event: dict[str, Any]) -> None:
     """A collapse-guard rollback: metric ``guard/rollbacks`` (= n) at the iteration that tripped it, and a tag
     ``guard/rollback_<n>`` with what happened (signals, where training continues, the learning-rate factor)."""
@@ -331,16 +342,48 @@ def end_tracking(cfg: Config, run_id: str, status: str = "FINISHED") -> None:
     mlflow_client(cfg).set_terminated(run_id, status=status)
 
 
-def reported(run: RunDir, what: str, fn: Any, *args: Any) -> Any:
-    """Call a tracking or versioning task; after its retries, record the failure instead of raising (the
-    iteration's data is on disk; DVC versioning catches up on the next iteration)."""
+def pause_s() -> float:
+    """How long MLflow calls pause after one failed (``RAGEN_MLFLOW_PAUSE_S``, default ``PAUSE_S``)."""
+    import os
+
+    raw = os.environ.get("RAGEN_MLFLOW_PAUSE_S", str(PAUSE_S))
     try:
-        return fn(*args)
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"RAGEN_MLFLOW_PAUSE_S={raw!r} is not a number of seconds") from None
+
+
+# after an MLflow call fails (a hung server costs a whole request timeout per try), the per-iteration calls to that
+# store pause this long, then one is tried again; what they would have logged is caught up from metrics.json
+PAUSE_S = 600.0
+_paused: dict[str, tuple[float, str]] = {}  # tracking URI -> (pause ends, monotonic; the failure)
+
+
+def reported(run: RunDir, what: str, fn: Any, *args: Any, pause: str | None = None) -> Any:
+    """Call a tracking or versioning task; after its retries, record the failure instead of raising (the
+    iteration's data is on disk; DVC versioning and MLflow logging catch up later). ``pause``: a tracking URI
+    whose calls pause after a failure (``PAUSE_S``): while paused, the call is skipped and recorded as such."""
+    held = _paused.get(pause) if pause is not None else None
+    if held is not None and time.monotonic() < held[0]:
+        _record(run, what, f"skipped: MLflow calls pause for another {held[0] - time.monotonic():.0f} s after a "
+                           f"failure ({held[1]}); the values are logged from metrics.json once it answers")
+        return None
+    try:
+        out = fn(*args)
     except Exception as e:  # tracking must never stop training
         get_run_logger().warning("%s failed after retries: %s", what, e)
-        with (run.root / FAILURES).open("a") as f:
-            f.write(json.dumps({"what": what, "error": repr(e), "time": time.time()}) + "\n")
+        _record(run, what, repr(e))
+        if pause is not None:
+            _paused[pause] = (time.monotonic() + pause_s(), f"{what}: {str(e)[:200]}")
         return None
+    if pause is not None:
+        _paused.pop(pause, None)
+    return out
+
+
+def _record(run: RunDir, what: str, error: str) -> None:
+    with (run.root / FAILURES).open("a") as f:
+        f.write(json.dumps({"what": what, "error": error, "time": time.time()}) + "\n")
 
 
 def sweep_run(client: Any, cfg: Config) -> str | None:
