@@ -8,6 +8,7 @@ weights of an uninterrupted deployment run."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -125,6 +126,14 @@ def test_sigkill_of_a_deployment_run_during_vllm_rollout_and_update(tmp_path, mo
         gone(orphan, 60)
 
     with LocalPrefect(port=port, mode="pool", home=home, cwd=ROOT, logs=logs) as local:
+        from flows.serve import _bin
+
+        # the run the dead worker had started is marked Crashed at the restart (not left Running, holding the
+        # slot), like the two whose processes the live worker saw killed
+        crashed = subprocess.run([_bin("prefect"), "flow-run", "ls", "--state", "CRASHED", "--limit", "50"],
+                                 capture_output=True, env=dict(local.env(), COLUMNS="250"), text=True,
+                                 timeout=60).stdout
+        assert len(re.findall(r"\|\s*k\s*\|", crashed.replace("│", "|"))) == 3, crashed
         again = local.run(params("k"), timeout=900)
         assert again.returncode == 0 and "Completed" in again.stdout, again.stdout + again.stderr
 
