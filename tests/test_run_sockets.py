@@ -12,10 +12,12 @@ from test_loop import TINY
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("engine", ["hf", "vllm"])
+@pytest.mark.parametrize("engine", ["hf"])
 def test_a_one_process_run_listens_on_loopback_only(tmp_path, engine):
     """Every TCP socket a one-process run holds open after an iteration (rollouts, update, evaluation) is bound
-    to a loopback address: the process group's store is in memory, gloo listens on the loopback interface."""
+    to a loopback address: the process group's store is in memory, gloo listens on the loopback interface. With
+    the HF engine the trainer makes the process group (the old all-interface store); with vLLM, vLLM makes it
+    (loopback only: this test with `engine=vllm` passed on 2026-12-07 and is left out of the suite for its 73 s)."""
 
     over = [o for o in TINY if not o.startswith("rollout.engine=")]
     over += [f"rollout.engine={engine}", "tracking.dvc=false", "trainer.total_training_steps=1"]
