@@ -74,7 +74,7 @@ guard-demo: setup
 faults: setup
 	$(BIN)/ragen bench faults --json
 
-## test: lint + the whole test suite, every tier (unit, integration, faults); what .ci/run calls (~15 min here)
+## test: lint + the whole test suite, every tier (unit, integration, faults); what .ci/run calls (26-31 min here: docs/benchmarks.md)
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest --durations=25
@@ -87,7 +87,7 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 
-## bench-learn: learning measured (the main command's settings: Bandit, 10 iterations, ~16 min); prints JSON
+## bench-learn: learning measured (the main command's settings: Bandit, 6 iterations); prints JSON
 bench-learn: setup
 	$(BIN)/ragen bench learn --json
 

@@ -22,7 +22,8 @@ from cli.common import (
     stdout_to_stderr,
 )
 
-app = typer.Typer(no_args_is_help=True, help="Speed checks; print JSON.")
+app = typer.Typer(no_args_is_help=True, help="Measurements: speed, memory, learning, faults, the pipeline (--json "
+                                             "prints JSON; memory prints a Markdown table).")
 
 
 @app.command("envs")

@@ -31,6 +31,8 @@ from tasks.versioning import dvc_md5, dvc_revision
 RUN_ID = "mlflow-run-id"  # the run id, then the tracking URI it lives at
 LOGGED = "mlflow-logged.json"  # iterations whose metrics reached MLflow
 FAILURES = "tracking-failures.jsonl"
+# the experiment tag the MLflow UI (3.x) reads to choose its view: training runs, not the GenAI traces overview
+EXPERIMENT_KIND, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 _BAD_NAME = re.compile(r"[^\w\-. :/]")
 
 
@@ -149,11 +151,14 @@ def experiment_id(client: Any, cfg: Config, name: str | None = None) -> str:
     name = name or cfg.tracking.experiment
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        if exp.tags.get(EXPERIMENT_KIND) is None:  # made before the kind was set: the UI opened on GenAI traces
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND, TRAINING_KIND)
         return exp.experiment_id
     from mlflow.exceptions import MlflowException
 
     try:
-        return client.create_experiment(name, artifact_location=artifact_location(cfg))
+        return client.create_experiment(name, artifact_location=artifact_location(cfg),
+                                        tags={EXPERIMENT_KIND: TRAINING_KIND})
     except MlflowException:
         exp = client.get_experiment_by_name(name)  # another process created it in between
         if exp is None:

@@ -57,7 +57,7 @@ def test_a_rank_that_never_beat_is_named_once_quiet_past_the_bound():
     (r0, _), clock, named = ranks(world=2)
     r0.check()  # rank 1 never came up: counted from when rank 0 first looked
     clock.t = 31.0
-    assert r0.check() == [(1, 31.0)]
+    assert r0.check() == [(1, 31.0)] and named == [(0, 1, 31.0)]
 
 
 def test_the_bound_comes_from_the_environment(monkeypatch):

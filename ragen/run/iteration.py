@@ -1,5 +1,6 @@
 """The stages of one training iteration as plain functions over a run directory (docs/design.md). Prefect tasks wrap
-them one to one; ``train_loop`` chains them without any orchestrator (tests, notebooks, the pipeline benchmark).
+them one to one; ``ragen.run.loop.run_training`` chains them without any orchestrator (tests, notebooks, the
+pipeline benchmark).
 
 The engines are heavy and stateful, so they live in a ``Runtime`` the caller keeps for the whole run; the stages
 pass paths and small records. A stage rewrites its own files from scratch, so re-running an interrupted iteration
