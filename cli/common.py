@@ -107,17 +107,31 @@ def print_result(result: dict, as_json: bool) -> None:
 
 
 @contextlib.contextmanager
-def iteration_progress(run_dir: Path, total: int, every_s: float = 5.0) -> Iterator[None]:
+def iteration_progress(run_dir: Path, total: int, every_s: float = 5.0, warm_start: Path | None = None
+                       ) -> Iterator[None]:
     """While the body trains ``run_dir`` (in this process or another), print a line per completed iteration on
-    stderr (success, format errors, seconds, time left), read from the run directory every few seconds."""
+    stderr (success, format errors, seconds, time left), read from the run directory every few seconds; and,
+    given the warm-start's output folder (``sft.output``) while it is made first, a line per SFT step reported
+    (its progress file, ``ragen.sft.pipeline.progress_file``)."""
+    import json
     import threading
 
     from ragen.run.progress import RunWatcher
     from ragen.run.rundir import RunDir
+    from ragen.sft.pipeline import progress_file, progress_line
 
     watcher, stop, t0 = RunWatcher(RunDir(run_dir), total), threading.Event(), time.monotonic()
+    sft_at, sft_seen = (progress_file(warm_start) if warm_start is not None else None), [-1]
 
     def report() -> None:
+        if sft_at is not None:
+            try:
+                sft = json.loads(sft_at.read_text())
+            except (OSError, ValueError):  # not started, finished (removed), or being replaced
+                sft = None
+            if sft is not None and sft["step"] != sft_seen[0]:
+                sft_seen[0] = sft["step"]
+                typer.echo(f"  {progress_line(sft)}", err=True)
         for line in watcher.new_lines():
             typer.echo(f"  {line}, {time.monotonic() - t0:.0f} s in all", err=True)
 

@@ -191,8 +191,12 @@ def up_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>
                    f"runs/prefect/; training run {run!r} ({cfg.trainer.total_training_steps} iterations)")
         if trigger:
             typer.echo(f"triggering: prefect deployment run {DEPLOYMENT} --params '{json.dumps(flow_params)}' --watch")
-            typer.echo(f"follow it in the Prefect UI: http://127.0.0.1:{port}/runs; a line per iteration below")
-            with iteration_progress(run_dir, cfg.trainer.total_training_steps):
+            from ragen.sft.pipeline import needs_build
+
+            warm = Path(cfg.sft.output) if needs_build(cfg) else None  # made first by the flow: its steps shown too
+            first = "the warm-start (SFT) is made first: a line per few of its steps, then " if warm else "a "
+            typer.echo(f"follow it in the Prefect UI: http://127.0.0.1:{port}/runs; {first}line per iteration below")
+            with iteration_progress(run_dir, cfg.trainer.total_training_steps, warm_start=warm):
                 r = local.run(flow_params)
             typer.echo(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr.strip())
             typer.echo(f"wall time {time.monotonic() - t0:.0f} s; MLflow: `make mlflow-ui`, then "

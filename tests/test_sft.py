@@ -265,7 +265,19 @@ def test_sft_lowers_the_demo_loss_and_saves_a_loadable_model(tmp_path, lora, cap
     demos = pipeline.make_demos_stage(cfg)
     assert pipeline.make_demos_stage(cfg) == demos  # reused: same settings
     capsys.readouterr()
-    path, m = pipeline.train_stage(cfg, demos)
+    seen = []  # the progress file a watcher in another process reads (`ragen up`), looked at on every write
+    write_json = pipeline.write_json
+
+    def watched(path, data):
+        write_json(path, data)
+        seen.append(json.loads(path.read_text())["step"])
+
+    pipeline.write_json = watched
+    try:
+        path, m = pipeline.train_stage(cfg, demos)
+    finally:
+        pipeline.write_json = write_json
+    assert seen == list(range(1, 17)) and not pipeline.progress_file(tmp_path / "ck").exists()  # gone once done
     assert m["sft/steps"] == 4 * 4 and m["sft/train_loss_last"] < m["sft/train_loss_first"]
     progress = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("sft step ")]
     assert [ln.split(":")[0] for ln in progress] == [f"sft step {k}/16" for k in range(1, 17)]  # off a terminal

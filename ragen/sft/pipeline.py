@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen.config import Config, config_to_dict, flatten
+from ragen.io import write_json
 from ragen.train.checkpoint import is_complete, model_dir
 
 EVAL_FILES = {"before": "eval_before.json", "after": "eval_after.json"}
@@ -200,6 +201,8 @@ def train_stage(cfg: Config, demos: str | Path, out: str | Path | None = None, *
     every = max(1, total // 20)  # off a terminal (a log file, Prefect, CI): one line per ~5% of the steps
     t0 = time.monotonic()
 
+    progress_at = progress_file(out)
+
     def on_step(rec: dict[str, float]) -> None:
         history.append(rec)
         if bar is not None:
@@ -208,6 +211,9 @@ def train_stage(cfg: Config, demos: str | Path, out: str | Path | None = None, *
         elif len(history) % every == 0 or len(history) == total:
             print(f"sft step {len(history)}/{total}: loss {rec['loss']:.3f}, {time.monotonic() - t0:.0f} s",
                   file=sys.stderr, flush=True)
+        # for a watcher in another process (`ragen up` while the worker trains the warm-start)
+        write_json(progress_at, {"step": len(history), "total": total, "loss": rec["loss"],
+                                 "elapsed_s": time.monotonic() - t0})
 
     test_loss_before = trainer.evaluate_loss(test) if not test.empty else float("nan")
     res = trainer.train(train, test=test if not test.empty else None, on_step=on_step)
@@ -220,7 +226,24 @@ def train_stage(cfg: Config, demos: str | Path, out: str | Path | None = None, *
               "config": config_to_dict(cfg)["sft"]}
     path = trainer.save(out, record)
     (path / HISTORY).write_text("".join(json.dumps(r) + "\n" for r in history))
+    progress_at.unlink(missing_ok=True)
     return path, res.metrics
+
+
+def progress_file(out: str | Path) -> Path:
+    """Where the SFT stage keeps its latest step while it trains (beside the checkpoint folder, which only ever
+    appears complete): step, total, loss, seconds so far."""
+    out = Path(out)
+    return out.with_name(out.name + ".progress.json")
+
+
+def progress_line(progress: dict[str, float]) -> str:
+    """``warm-start (SFT) step 12/48: loss 0.171, 297 s, about 15 min left``."""
+    step, total, elapsed = int(progress["step"]), int(progress["total"]), float(progress["elapsed_s"])
+    left = elapsed / step * (total - step) if step else float("nan")
+    when = "" if step >= total or left != left else \
+        f", about {left / 60:.0f} min left" if left >= 180 else f", about {left:.0f} s left"
+    return f"warm-start (SFT) step {step}/{total}: loss {progress['loss']:.3f}, {elapsed:.0f} s{when}"
 
 
 class PlainStages:
