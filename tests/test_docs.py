@@ -106,3 +106,47 @@ def test_refresh_needs_the_markers():
     with pytest.raises(ValueError, match="no generated block"):
         refreshed("# page without markers\n")
     assert refreshed(f"a\n{BEGIN}\nold\n{END}\nb\n") == f"a\n{BEGIN}\n{reference_markdown()}{END}\nb\n"
+
+
+CITATION = re.compile(r"docs/([\w-]+\.md)(?:#([\w-]+))?")
+CITING = ("ragen", "cli", "flows", "tasks", "scripts", "infra")
+
+
+def citations_in(text: str) -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2) or "") for m in CITATION.finditer(text)]
+
+
+def broken_citations(root: Path) -> list[str]:
+    """Citations in the code and its settings that point at nothing: a docs page that does not exist, a heading it
+    lacks, or a document users do not have (the maintainers' REFERENCE/DESIGN notes)."""
+    files = [f for d in CITING for f in (root / d).rglob("*") if f.suffix in (".py", ".yaml", ".yml", ".json", ".sh")
+             and "__pycache__" not in f.parts]
+    files += [root / n for n in ("dvc.yaml", "params.yaml", "pyproject.toml", "Makefile") if (root / n).is_file()]
+    bad = []
+    for f in files:
+        text = f.read_text(errors="replace")
+        where = f.relative_to(root)
+        if re.search(r"\bREFERENCE(\.md)?\s*[\d§]|\bDESIGN(\.md)?\b", text):
+            bad.append(f"{where}: cites REFERENCE/DESIGN, which users do not have")
+        for page, frag in citations_in(text):
+            dest = root / "docs" / page
+            if not dest.is_file():
+                bad.append(f"{where}: docs/{page} does not exist")
+            elif frag and frag not in anchors(dest):
+                bad.append(f"{where}: docs/{page} has no heading #{frag}")
+    return bad
+
+
+def test_every_citation_in_the_code_points_at_a_page_users_have():
+    assert not broken_citations(ROOT)
+
+
+def test_the_citation_check_catches_what_points_at_nothing(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "algorithms.md").write_text("# Algorithms\n## The filter\n")
+    (tmp_path / "ragen").mkdir()
+    (tmp_path / "ragen" / "a.py").write_text('"""See docs/algorithms.md#the-filter and docs/algorithms.md."""\n'
+                                             "# docs/gone.md, docs/algorithms.md#nope, REFERENCE 4.2, DESIGN.md\n")
+    assert broken_citations(tmp_path) == ["ragen/a.py: cites REFERENCE/DESIGN, which users do not have",
+                                          "ragen/a.py: docs/gone.md does not exist",
+                                          "ragen/a.py: docs/algorithms.md has no heading #nope"]
