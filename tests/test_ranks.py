@@ -111,3 +111,25 @@ def test_a_followers_error_reaches_rank_0_naming_the_rank():
     f.answer(ValueError("out of KV cache"))
     with pytest.raises(RuntimeError, match="rank 1 failed in call 1: ValueError: out of KV cache"):
         lead.answers(n, [1])
+
+
+def test_calls_and_answers_over_the_stores_8_mib_limit_travel_in_parts():
+    """torch's libuv TCP store resets the connection on a value over 8 MiB; a generate call carries every prompt."""
+    import datetime
+
+    from ragen.train.ds import free_port
+
+    store = dist.TCPStore("127.0.0.1", free_port(), 2, True, timeout=datetime.timedelta(seconds=30),
+                          wait_for_workers=False)
+    lead, f = Announcements(store, 0, 2, 10.0), Announcements(store, 1, 2, 10.0)
+    prompts = [[i % 50_000] * 1000 for i in range(3000)]  # 3M token ids: ~17 MB as JSON
+    n = lead.post("generate", prompts)
+    assert lead.parts["1"] >= 3
+    call, (got,) = f.next()
+    assert call == "generate" and got == prompts
+    f.answer({"texts": ["y" * 10 * 2**20]})  # a 10 MiB answer back
+    assert lead.answers(n, [1]) == {1: {"texts": ["y" * 10 * 2**20]}}
+    assert not lead.store.check([f"{n}/answer/1"]) and not lead.store.check([f"{n}/answer/1/part/0"])  # dropped
+    assert lead.store.check(["1/part/0"])
+    lead.post("sync")  # rank 1 read call 1: its parts go with it
+    assert not lead.store.check(["1"]) and not lead.store.check(["1/part/0"])

@@ -28,6 +28,10 @@ from ragen.train import wire
 # how long a follower waits for rank 0's next call: rollouts and evaluation of one iteration, on a slow machine
 FOLLOWER_WAIT_S = 24 * 3600.0
 _PREFIX = "ragen/trainer/"
+# torch's libuv TCP store refuses a value over 8 MiB (it resets the connection): larger messages (a generate call
+# carries every prompt) go in parts under "<key>/part/<i>", and the key itself holds this header and their count
+CHUNK_BYTES = 4 * 2**20
+_PARTS = b"\x00ragen-parts:"  # no plain-data message (JSON) starts so
 
 
 class LaunchError(RuntimeError):
@@ -62,6 +66,30 @@ class Announcements:
         self.wait = timedelta(seconds=follower_wait_s)
         self.sent = 0  # rank 0: calls posted; a follower: calls read
         self.unread: list[int] = []
+        self.parts: dict[str, int] = {}  # rank 0: a posted call's key -> its parts (dropped with the key)
+
+    def _put(self, key: str, raw: bytes) -> int:
+        """A value of any size: in parts of ``CHUNK_BYTES`` when larger, written before the key a reader waits on.
+        Returns the number of parts (0: the value is the key's own)."""
+        if len(raw) <= CHUNK_BYTES:
+            self.store.set(key, raw)
+            return 0
+        n = -(-len(raw) // CHUNK_BYTES)
+        for i in range(n):
+            self.store.set(f"{key}/part/{i}", raw[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])
+        self.store.set(key, _PARTS + str(n).encode())
+        return n
+
+    def _take(self, key: str) -> bytes:
+        raw = self.store.get(key)
+        if not raw.startswith(_PARTS):
+            return raw
+        return b"".join(self.store.get(f"{key}/part/{i}") for i in range(int(raw[len(_PARTS):])))
+
+    def _drop(self, key: str, parts: int | None = None) -> None:
+        for i in range(self.parts.pop(key, 0) if parts is None else parts):
+            self.store.delete_key(f"{key}/part/{i}")
+        self.store.delete_key(key)
 
     @classmethod
     def of_launch(cls) -> Announcements:
@@ -79,14 +107,14 @@ class Announcements:
             raise RuntimeError("only rank 0 announces trainer calls")
         self._forget_read()
         self.sent += 1
-        self.store.set(str(self.sent), wire.encode([call, list(args)]))
+        self.parts[str(self.sent)] = self._put(str(self.sent), wire.encode([call, list(args)]))
         self.unread.append(self.sent)
         return self.sent
 
     def _forget_read(self) -> None:
         for n in list(self.unread):
             if self.store.add(f"{n}/read", 0) >= self.world - 1:
-                self.store.delete_key(str(n))
+                self._drop(str(n))
                 self.store.delete_key(f"{n}/read")
                 self.unread.remove(n)
 
@@ -98,14 +126,14 @@ class Announcements:
         except RuntimeError as e:  # torch's DistStoreError on a timeout
             raise TimeoutError(f"rank {self.rank}: no call from rank 0 within {self.wait} (call {key}); rank 0 "
                                f"is stuck or gone") from e
-        call, args = wire.decode(self.store.get(key))
+        call, args = wire.decode(self._take(key))
         args = tuple(args)
         self.store.add(f"{key}/read", 1)
         return call, args
 
     def answer(self, value: Any) -> None:
         """A follower's result of the call it read last (an exception is raised again on rank 0)."""
-        self.store.set(f"{self.sent}/answer/{self.rank}", wire.encode(value))
+        self._put(f"{self.sent}/answer/{self.rank}", wire.encode(value))
 
     def answers(self, call: int, ranks: list[int]) -> dict[int, Any]:
         """Rank 0: the followers' answers to call number ``call``, by rank; an answer that is an exception is
@@ -117,8 +145,9 @@ class Announcements:
             raise TimeoutError(f"rank 0: no answer to call {call} from ranks {ranks} within {self.wait}") from e
         got = {}
         for r, key in zip(ranks, keys, strict=True):
-            got[r] = wire.decode(self.store.get(key))
-            self.store.delete_key(key)
+            raw = self.store.get(key)
+            got[r] = wire.decode(self._take(key))
+            self._drop(key, int(raw[len(_PARTS):]) if raw.startswith(_PARTS) else 0)
         for r, value in got.items():
             if isinstance(value, BaseException):
                 raise RuntimeError(f"rank {r} failed in call {call}: {value}") from value
