@@ -34,7 +34,7 @@ import torch  # noqa: E402
 # What the GPU machine's image lacks (its package list: PyTorch, transformers, peft, pandas, pyarrow, ...) and
 # `make gpu-bundle` carries as wheels, at the versions installed here.
 BUNDLED = ("deepspeed", "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "hjson", "gymnasium",
-           "farama-notifications")
+           "farama-notifications", "typing-extensions")  # pydantic needs typing-extensions >= 4.16: the image may not
 # The GPU machine's Python (wheels with compiled parts must match it).
 TARGET_PYTHON = "3.12"
 
