@@ -1,6 +1,9 @@
 """Run one StarPO update on a fixed scripted batch under torchrun; rank 0 saves the updated weights.
 
-Usage: torchrun --nproc_per_node N tests/dist_worker.py OUT.pt ZERO_CONFIG"""
+Usage: torchrun --nproc_per_node N tests/dist_worker.py OUT.pt ZERO_CONFIG [TOKEN_BUDGET]
+
+TOKEN_BUDGET (default 0: one trajectory per micro-batch) cuts each rank's share by padded tokens instead, so ranks
+can get different numbers of micro-batches."""
 
 import itertools
 import os
@@ -39,7 +42,7 @@ def scripted_rollouts(cfg, tokenizer, renderer):
         SokobanEnv.reset = original
 
 
-def main(out: str, zero: str) -> None:
+def main(out: str, zero: str, budget: int = 0) -> None:
     from ragen.agent.chat import ChatRenderer
     from ragen.config import load_config
     from ragen.models import TINY_MODEL, ensure_model, load_tokenizer
@@ -49,7 +52,8 @@ def main(out: str, zero: str) -> None:
     from ragen.train.update import update
 
     rank, world = ensure_distributed()
-    cfg = load_config(None, ["cpu-small"], SMALL)
+    cfg = load_config(None, ["cpu-small"], [*SMALL, f"actor.micro_batch_tokens={budget}",
+                                             f"critic.micro_batch_tokens={budget}"])
     tok = load_tokenizer(TINY_MODEL)
     seqs = sequences_from_rollouts(scripted_rollouts(cfg, tok, ChatRenderer(tok)))
     path = ensure_model(TINY_MODEL)
@@ -67,4 +71,4 @@ def main(out: str, zero: str) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)

@@ -190,20 +190,25 @@ def test_grpo_needs_no_critic(batch, tokenizer):
     assert res.actor_steps == 2 and "critic/vf_loss" not in res.metrics
 
 
-def run_ranks(tmp_path, n, zero):
+def run_ranks(tmp_path, n, zero, budget=0, timeout=600):
     import subprocess
     import sys
     from pathlib import Path
 
-    out = tmp_path / f"w{n}-{Path(zero).stem}.pt"
+    out = tmp_path / f"w{n}-{Path(zero).stem}-{budget}.pt"
     torchrun = Path(sys.executable).with_name("torchrun")
     from ragen.train.ds import free_port
 
     proc = subprocess.run([str(torchrun), "--nproc_per_node", str(n), "--master_port", str(free_port()),
-                           str(Path(__file__).with_name("dist_worker.py")), str(out), zero],
-                          capture_output=True, text=True, timeout=600)
+                           str(Path(__file__).with_name("dist_worker.py")), str(out), zero, str(budget)],
+                          capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out)
+
+
+# the scripted batch's trajectories are 282-399 tokens; under a budget of 790 padded tokens per micro-batch, rank 1
+# cuts its share of the second mini-batch (387 and 399 tokens) in two and rank 0 (395 and 282) keeps one
+UNEVEN = 790
 
 
 @pytest.fixture(scope="module")
@@ -212,12 +217,19 @@ def one_rank(tmp_path_factory):
     return run_ranks(tmp_path_factory.mktemp("one-rank"), 1, "infra/deepspeed/zero0.json")
 
 
+@pytest.fixture(scope="module")
+def one_rank_uneven(tmp_path_factory):
+    return run_ranks(tmp_path_factory.mktemp("one-rank-uneven"), 1, "infra/deepspeed/zero0.json", UNEVEN)
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("zero", ["infra/deepspeed/zero0.json", "infra/deepspeed/zero2.json",
-                                  "infra/deepspeed/zero3.json"])
-def test_two_ranks_give_the_one_rank_update(tmp_path, one_rank, zero):
-    one = one_rank
-    two = run_ranks(tmp_path, 2, zero)
+@pytest.mark.parametrize(("zero", "budget"), [("infra/deepspeed/zero0.json", 0), ("infra/deepspeed/zero2.json", UNEVEN),
+                                              ("infra/deepspeed/zero3.json", UNEVEN)])
+def test_two_ranks_give_the_one_rank_update(tmp_path, request, zero, budget):
+    """ZeRO-2 and ZeRO-3 on a token budget that gives the ranks different numbers of micro-batches: every rank
+    runs as many passes (update.lockstep_passes), where unequal counts hung (the subprocess timeout fails it)."""
+    one = request.getfixturevalue("one_rank_uneven" if budget else "one_rank")
+    two = run_ranks(tmp_path, 2, zero, budget, timeout=240)
     assert two["world"] == 2
     for part in ("actor", "critic"):
         for k, v in one[part].items():

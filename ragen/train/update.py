@@ -313,17 +313,25 @@ def boundary_steps(engine: Any, seqs: Sequences, local: list[int], cfg_opt: Any,
                     loss_fn: Callable[[MicroBatch], tuple[torch.Tensor, dict[str, float]]],
                     world: int, pad_to: int | None = None) -> dict[str, float]:
     """Forward/backward every local micro-batch, the last one on the accumulation boundary, then one step;
-    skip the step when a loss or the gradient norm is not finite."""
+    skip the step when a loss or the gradient norm is not finite. Over several ranks every rank runs as many
+    forward/backward passes as the rank with the most micro-batches (ZeRO-2 reduces gradients at each backward,
+    ZeRO-3 gathers weights at each forward: unequal counts would hang): a rank with fewer repeats its smallest
+    micro-batch with its loss times 0, which adds nothing."""
     mbs = micro_batches(seqs, local, micro_batch_size=cfg_opt.micro_batch_size,
                         token_budget=cfg_opt.micro_batch_tokens, pad_id=pad_id, pad_to=pad_to) if local else []
     sums: dict[str, float] = defaultdict(float)
     finite = True
-    if not mbs:
-        raise ValueError("a rank got no trajectories of a mini-batch; use a mini-batch of at least world size")
-    for i, mb in enumerate(mbs):
-        engine.set_gradient_accumulation_boundary(i == len(mbs) - 1)
+    passes = lockstep_passes(len(mbs), world)
+    filler = min(mbs, key=lambda mb: mb.input_ids.numel()) if mbs else None
+    for i in range(passes):
+        real = i < len(mbs)
+        mb = mbs[i] if real else filler
+        engine.set_gradient_accumulation_boundary(i == passes - 1)
         begin_micro_batch(engine)
         loss, parts = loss_fn(mb)
+        if not real:
+            engine.backward(loss * 0.0, scale_wrt_gas=False)  # the collectives of a pass, no gradient
+            continue
         finite &= bool(torch.isfinite(loss))
         engine.backward(loss * world, scale_wrt_gas=False)
         for k, v in parts.items():
@@ -352,6 +360,24 @@ def boundary_steps(engine: Any, seqs: Sequences, local: list[int], cfg_opt: Any,
     sums["grad_norm"] = norm
     sums["skipped"] = float(skip)
     return sums
+
+
+def lockstep_passes(own: int, world: int) -> int:
+    """How many forward/backward passes every rank runs for a mini-batch: the most micro-batches any rank has.
+    A rank with none is an error on every rank at once (one raising alone would leave the others waiting)."""
+    if world == 1:
+        if own == 0:
+            raise ValueError("a mini-batch with no trajectories")
+        return own
+    import torch.distributed as dist
+
+    counts = torch.tensor([own, -own], dtype=torch.int64, device=collective_device())
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    most, fewest = int(counts[0]), -int(counts[1])
+    if fewest == 0:
+        raise ValueError(f"a rank got no trajectories of a mini-batch ({world} ranks): use mini-batches "
+                         f"(actor/critic.ppo_mini_batch_size) of at least {world} trajectories")
+    return most
 
 
 def _actor_step(cfg: Config, actor: Any, seqs: Sequences, mini: list[int], old_logp: torch.Tensor,
