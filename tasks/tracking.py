@@ -249,8 +249,7 @@ def log_metrics(client: Any, run_id: str, step: int, metrics: dict[str, float], 
     now = int((when if when is not None else time.time()) * 1000)  # a retry logs the same point again, not a new one
     ms = [Metric(metric_name(key), float(v), now, step) for key, v in sorted(metrics.items())
           if isinstance(v, int | float)]
-    for i in range(0, len(ms), 1000):
-        client.log_batch(run_id, metrics=ms[i:i + 1000])
+    client.log_batch(run_id, metrics=ms)  # MLflow cuts it into batches within the store's limits itself
 
 
 def logged(run: RunDir) -> set[int]:

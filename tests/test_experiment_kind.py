@@ -19,3 +19,16 @@ def test_experiments_are_made_and_mended_as_training_experiments(tmp_path):
     assert EXPERIMENT_KIND not in client.get_experiment(old).tags
     assert experiment_id(client, cfg, "made-before") == old
     assert client.get_experiment(old).tags[EXPERIMENT_KIND] == TRAINING_KIND
+
+
+def test_more_metrics_than_one_batch_holds_are_all_logged(tmp_path):
+    """MLflow's client cuts a batch within the store's limits (1,000 metrics) itself: every value arrives."""
+    from tasks.tracking import log_metrics
+
+    cfg = load_config(None, ["cpu-small"], [f"tracking.mlflow_tracking_uri=sqlite:///{tmp_path / 'm.db'}",
+                                            f"tracking.mlflow_artifact_location={tmp_path / 'art'}"])
+    client = mlflow_client(cfg)
+    run = client.create_run(experiment_id(client, cfg, "many")).info.run_id
+    log_metrics(client, run, 3, {f"m/{i}": float(i) for i in range(2500)})
+    got = client.get_run(run).data.metrics
+    assert len(got) == 2500 and got["m/2499"] == 2499.0
