@@ -61,6 +61,11 @@ class Engine(Protocol):
         """Replace the engine's weights in place, without a restart."""
         ...
 
+    def sleep(self) -> None:
+        """Give the device's memory to the update (vLLM on a GPU); the next weight sync or call wakes it. A no-op
+        for an engine that holds nothing worth freeing."""
+        ...
+
     def close(self) -> None: ...
 
 

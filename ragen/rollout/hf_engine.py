@@ -79,6 +79,9 @@ class HFEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_named_tensors(self.model, named_tensors)
 
+    def sleep(self) -> None:
+        """Nothing to free: the HF engine's model is its weights."""
+
     def close(self) -> None:
         self.model = None
 

@@ -151,9 +151,7 @@ def filter_batch(cfg: Config, run: RunDir, k: int, rollouts: Path) -> Batch:
 def update_policy(rt: Runtime, run: RunDir, k: int, batch: Batch) -> dict[str, float]:
     """Update on iteration k's filtered batch, sync the new weights into the engine, and save the state."""
     t0 = time.monotonic()
-    sleep = getattr(rt.engine, "sleep", None)
-    if sleep is not None:  # vLLM on a GPU gives its memory to the update; the sync wakes it
-        sleep()
+    rt.engine.sleep()  # vLLM on a GPU gives its memory to the update; the sync wakes it
     res = rt.trainer.update(batch.rollouts, k)
     res.metrics.update(batch.metrics)
     t1 = time.monotonic()
