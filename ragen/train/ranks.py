@@ -80,11 +80,13 @@ class Announcements:
         self.store.set(key, _PARTS + str(n).encode())
         return n
 
-    def _take(self, key: str) -> bytes:
+    def _take(self, key: str) -> tuple[bytes, int]:
+        """The whole value under ``key`` and the number of parts it came in (0: the key's own)."""
         raw = self.store.get(key)
         if not raw.startswith(_PARTS):
-            return raw
-        return b"".join(self.store.get(f"{key}/part/{i}") for i in range(int(raw[len(_PARTS):])))
+            return raw, 0
+        n = int(raw[len(_PARTS):])
+        return b"".join(self.store.get(f"{key}/part/{i}") for i in range(n)), n
 
     def _drop(self, key: str, parts: int | None = None) -> None:
         for i in range(self.parts.pop(key, 0) if parts is None else parts):
@@ -126,7 +128,7 @@ class Announcements:
         except RuntimeError as e:  # torch's DistStoreError on a timeout
             raise TimeoutError(f"rank {self.rank}: no call from rank 0 within {self.wait} (call {key}); rank 0 "
                                f"is stuck or gone") from e
-        call, args = wire.decode(self._take(key))
+        call, args = wire.decode(self._take(key)[0])
         args = tuple(args)
         self.store.add(f"{key}/read", 1)
         return call, args
@@ -145,9 +147,9 @@ class Announcements:
             raise TimeoutError(f"rank 0: no answer to call {call} from ranks {ranks} within {self.wait}") from e
         got = {}
         for r, key in zip(ranks, keys, strict=True):
-            raw = self.store.get(key)
-            got[r] = wire.decode(self._take(key))
-            self._drop(key, int(raw[len(_PARTS):]) if raw.startswith(_PARTS) else 0)
+            raw, parts = self._take(key)
+            got[r] = wire.decode(raw)
+            self._drop(key, parts)
         for r, value in got.items():
             if isinstance(value, BaseException):
                 raise RuntimeError(f"rank {r} failed in call {call}: {value}") from value
