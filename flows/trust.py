@@ -76,15 +76,10 @@ def worker_tracking(project: Path) -> tuple[str, str | None]:
     return t.mlflow_tracking_uri, t.mlflow_artifact_location
 
 
-def check_parameters(params: str | None, presets: Iterable[str] = (), paths: dict[str, str | None] | None = None,
-                     project: str | Path = ".") -> None:
-    """What a deployment run names before any file is parsed: the params file and other paths (outputs, inputs)
-    inside the allowed roots, packaged preset names only. Raises ``UntrustedParameters`` naming each."""
-    _refuse(_parameter_problems(params, presets, paths, Path(project).resolve()))
-
-
 def _parameter_problems(params: str | None, presets: Iterable[str], paths: dict[str, str | None] | None,
                         project: Path) -> list[str]:
+    """What a deployment run names before any file is parsed: the params file and other paths (outputs, inputs)
+    inside the allowed roots, packaged preset names only."""
     problems = _outside({"params": params, **(paths or {})}, project, allowed_roots(project))
     known = available_presets()
     return problems + [f"preset {p!r} is not one of the package's presets ({', '.join(known)})"
@@ -142,7 +137,7 @@ PATH_ARGS = ("out", "reports", "export", "checkpoint", "outs")
 
 def gated(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a flow's function (under ``@flow``): in a deployment run, its parameters are checked before any file
-    is parsed (``check_parameters``), then the config they resolve to (``check_deployment_config``; a ``cfg``
+    is parsed (``_parameter_problems``), then the config they resolve to (``check_deployment_config``; a ``cfg``
     parameter is checked as given). Outside a deployment run it is the function itself."""
     sig = inspect.signature(fn)
 
