@@ -97,9 +97,7 @@ class LocalPrefect(Service):
             raise RuntimeError(f"a Prefect server already answers on {self.api_url}: stop it or choose --port")
         if self.mode not in MODES:
             raise ValueError(f"LocalPrefect.mode={self.mode!r}; use one of {', '.join(MODES)}")
-        server = self._spawn([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.port),
-                              "--analytics-off"], "server.log")
-        self._wait(lambda: healthy(self.api_url), "the Prefect server", server, "server.log")
+        self._start_server()
         for name in self.crash_orphans():
             print(f"Prefect: flow run {name!r} was left Running by a server or worker that died; its process is "
                   f"gone, so it is marked Crashed (a new trigger of the run resumes it)", file=sys.stderr)
@@ -115,6 +113,25 @@ class LocalPrefect(Service):
                                   "--limit", "1"], "worker.log")
             self._wait(self.worker_ready, f"the {PROCESS_POOL} worker", worker, "worker.log")
         return self
+
+    def _start_server(self) -> subprocess.Popen:
+        server = self._spawn([_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(self.port),
+                              "--analytics-off"], "server.log")
+        self._wait(lambda: healthy(self.api_url), "the Prefect server", server, "server.log")
+        return server
+
+    def restart_server(self) -> None:
+        """The API server again, alone, on the same port and home after it died (the worker and the serving
+        process stay): the worker and a flow run in progress reconnect, as Prefect's client retries a lost
+        connection for about a minute (PREFECT_CLIENT_MAX_RETRIES, 2 s doubling). Orphans are not swept here:
+        the runs in progress still live."""
+        dead = self.procs[0]
+        if dead.poll() is None:
+            raise RuntimeError(f"the Prefect server (pid {dead.pid}) still runs: nothing to restart")
+        _killpg(dead.pid, signal.SIGKILL)  # what of its process group survived it still holds the port
+        server = self._start_server()
+        self.procs.remove(server)  # _spawn appended it: it takes the dead one's place (first, so stopped last)
+        self.procs[0] = server
 
     def crash_orphans(self) -> list[str]:
         """Mark Crashed the flow runs this server still shows Running, Pending or Cancelling although nothing

@@ -51,6 +51,21 @@ def prefect_api():
 
 
 @pytest.fixture(scope="session")
+def one_process_run(tmp_path_factory):
+    """The one-process run a 2-rank launch must equal (test_launcher.py's settings, 2 iterations); shared by the
+    launcher tests and the rank faults. Returns its RunDir."""
+    from test_launcher import EXACT
+    from test_loop import TINY
+
+    from ragen.config import load_config
+    from ragen.run.loop import run_training
+
+    root = tmp_path_factory.mktemp("one-process")
+    return run_training(load_config(None, ["cpu-small"], [*TINY, *EXACT, f"trainer.run_dir={root}",
+                                                          "trainer.total_training_steps=2"]), "one").run
+
+
+@pytest.fixture(scope="session")
 def tokenizer():
     from ragen.models import load_tokenizer
 

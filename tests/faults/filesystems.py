@@ -2,8 +2,10 @@
 test is skipped), remounted smaller or read-only to make the kernel itself fail writes."""
 
 import contextlib
+import functools
 import os
 import subprocess
+import tempfile
 
 import pytest
 
@@ -19,6 +21,16 @@ def tmpfs(mnt, size="2g"):
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@functools.cache
+def tmpfs_mountable() -> bool:
+    """Whether this machine lets the tests mount a tmpfs (tried once: a 1 MiB one in a temporary folder)."""
+    with tempfile.TemporaryDirectory() as d:
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", d], capture_output=True).returncode:
+            return False
+        subprocess.run(["umount", "-l", d], capture_output=True)
+        return True
 
 
 def remount(mnt, opts):

@@ -6,6 +6,7 @@ import errno
 import shutil
 
 import pytest
+from filesystems import tmpfs_mountable
 from ledger import declares
 from test_loop import TINY
 from typer.testing import CliRunner
@@ -55,32 +56,40 @@ def test_missing_model_files_are_named(tmp_path, fault):
     assert r.exit_code == 2 and "neither an existing directory nor a reachable hub id" in r.output
 
 
+# where a tmpfs mounts, test_real_storage.py fills a real one; the patched writer stands in only where none can
+SIMULATED_FULL = not tmpfs_mountable()
+
+
 @pytest.mark.slow
-@declares(("write failure (disk full) on the run directory", "simulated"), "corrupted checkpoint")
+@declares(*[("write failure (disk full) on the run directory", "simulated")] * SIMULATED_FULL, "corrupted checkpoint")
 def test_disk_full_then_corrupted_checkpoint(tmp_path, monkeypatch, fault):
     import pandas as pd
 
-    full = fault("write failure (disk full) on the run directory")  # a patched writer raises ENOSPC
-    damaged = fault("corrupted checkpoint")
     run = tmp_path / "r"
-    real = pd.DataFrame.to_parquet
+    if SIMULATED_FULL:
+        full = fault("write failure (disk full) on the run directory")  # a patched writer raises ENOSPC
+        real = pd.DataFrame.to_parquet
 
-    def no_space(df, where, *a, **k):  # the disk fills up as iteration 1 writes its first table
-        if "iter_00001" in str(where):
-            raise OSError(errno.ENOSPC, "No space left on device", str(where))
-        return real(df, where, *a, **k)
+        def no_space(df, where, *a, **k):  # the disk fills up as iteration 1 writes its first table
+            if "iter_00001" in str(where):
+                raise OSError(errno.ENOSPC, "No space left on device", str(where))
+            return real(df, where, *a, **k)
 
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", no_space)
-    r = train(tmp_path)
-    assert r.exit_code == 1, r.output
-    assert "No space left on device" in r.output and "iterations 0..0 are complete and intact" in r.output
-    assert "it resumes at iteration 1" in r.output
-    full.guard(run)
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", real)  # space freed: the same command carries on
-    r = train(tmp_path)
-    assert r.exit_code == 0 and "completed iterations 1..1" in r.output, r.output
-    assert full.lost_now() == []
+        monkeypatch.setattr(pd.DataFrame, "to_parquet", no_space)
+        r = train(tmp_path)
+        assert r.exit_code == 1, r.output
+        assert "No space left on device" in r.output and "iterations 0..0 are complete and intact" in r.output
+        assert "it resumes at iteration 1" in r.output
+        full.guard(run)
+        monkeypatch.setattr(pd.DataFrame, "to_parquet", real)  # space freed: the same command carries on
+        r = train(tmp_path)
+        assert r.exit_code == 0 and "completed iterations 1..1" in r.output, r.output
+        assert full.lost_now() == []
+    else:
+        r = train(tmp_path)
+        assert r.exit_code == 0, r.output
 
+    damaged = fault("corrupted checkpoint")
     damaged.guard(run)
     st = run / "checkpoints" / "iter_00001" / "actor" / "model.safetensors"
     st.write_bytes(st.read_bytes()[:1000])

@@ -3,37 +3,17 @@ engine, plain calls): each rerun of the same command continues after the last co
 iterations are untouched, and the run ends with exactly the metrics and weights of an uninterrupted run with the
 same seed."""
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from ledger import declares
-from safetensors.torch import load_file
-from test_loop import TINY
+from uninterrupted import ROOT, assert_same_final, train_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
-ROOT = Path(__file__).resolve().parents[2]
-STEPS = 2
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
-
-
-def train_cmd(run_dir, name):
-    sets = [a for o in [*TINY, f"trainer.run_dir={run_dir}", "trainer.val_before_train=false"] for a in ("--set", o)]
-    return [str(Path(sys.executable).with_name("ragen")), "train", "--no-prefect", "--run", name, "--preset",
-            "cpu-small", "--iterations", str(STEPS), *sets]
-
-
-def final(run_dir, name):
-    d = Path(run_dir) / name
-    m = json.loads((d / f"iter_{STEPS - 1:05d}" / "metrics.json").read_text())
-    same = {k: v for k, v in m.items() if not k.startswith("timing_s/") and "per_s" not in k}
-    w = load_file(str(d / "checkpoints" / f"iter_{STEPS - 1:05d}" / "actor" / "model.safetensors"))
-    return same, w
 
 
 def kill_when(cmd, ready, what):
@@ -50,45 +30,40 @@ def kill_when(cmd, ready, what):
 
 @declares("SIGKILL during rollout", "SIGKILL during update", "SIGKILL in iteration 0",
           "SIGKILL inside a checkpoint write")
-def test_sigkill_during_rollout_and_update_then_rerun_equals_uninterrupted(tmp_path, fault):
+def test_sigkill_during_rollout_and_update_then_rerun_equals_uninterrupted(tmp_path, reference_run, fault):
     during_rollout, during_update = fault("SIGKILL during rollout"), fault("SIGKILL during update")
-    ref = subprocess.run(train_cmd(tmp_path, "ref"), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
-    assert ref.returncode == 0, ref.stderr[-3000:]
 
     run = tmp_path / "killed"
     # instances.parquet is written just before the rollout of iteration 1 starts
-    kill_when(train_cmd(tmp_path, "killed"), run / "iter_00001" / "instances.parquet", "iteration 1's rollout")
+    kill_when(train_command(tmp_path, "killed"), run / "iter_00001" / "instances.parquet", "iteration 1's rollout")
     assert (run / "iter_00000" / "COMPLETE").is_file() and not (run / "iter_00001" / "rollouts.parquet").exists()
     assert during_rollout.guard(run) >= 5  # iteration 0's files
     # the rerun recomputes iteration 1; this time it dies in the update (filter.json comes right before it)
-    kill_when(train_cmd(tmp_path, "killed"), run / "iter_00001" / "filter.json", "iteration 1's update")
+    kill_when(train_command(tmp_path, "killed"), run / "iter_00001" / "filter.json", "iteration 1's update")
     assert not (run / "iter_00001" / "COMPLETE").is_file()
     during_update.guard(run)
 
-    again = subprocess.run(train_cmd(tmp_path, "killed"), cwd=ROOT, env=ENV, capture_output=True, text=True,
+    again = subprocess.run(train_command(tmp_path, "killed"), cwd=ROOT, env=ENV, capture_output=True, text=True,
                            timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "completed iterations 1..1" in again.stdout
     assert during_rollout.lost_now() == [] and during_update.lost_now() == []
-    (m_ref, w_ref), (m_run, w_run) = final(tmp_path, "ref"), final(tmp_path, "killed")
-    assert m_run == m_ref
-    assert w_run.keys() == w_ref.keys() and all((w_run[k] == w_ref[k]).all() for k in w_ref)
+    assert_same_final(run, reference_run)
 
     # a second run: killed in iteration 0 (nothing complete yet), then inside the checkpoint write of iteration 1
     fault("SIGKILL in iteration 0")  # nothing complete to guard: the proof is the rerun's equality below
     in_ckpt = fault("SIGKILL inside a checkpoint write")
     run2 = tmp_path / "killed2"
-    kill_when(train_cmd(tmp_path, "killed2"), run2 / "iter_00000" / "instances.parquet", "iteration 0's rollout")
+    kill_when(train_command(tmp_path, "killed2"), run2 / "iter_00000" / "instances.parquet", "iteration 0's rollout")
     assert not (run2 / "iter_00000" / "COMPLETE").exists()
     partial = run2 / "checkpoints" / "iter_00001.partial"
     # the actor's folder appears as its files start to be written; the optimizer states follow
-    kill_when(train_cmd(tmp_path, "killed2"), partial / "actor", "iteration 1's checkpoint write")
+    kill_when(train_command(tmp_path, "killed2"), partial / "actor", "iteration 1's checkpoint write")
     assert not (run2 / "checkpoints" / "iter_00001").exists() and not (run2 / "iter_00001" / "COMPLETE").exists()
     in_ckpt.guard(run2)  # iteration 0, complete
-    again = subprocess.run(train_cmd(tmp_path, "killed2"), cwd=ROOT, env=ENV, capture_output=True, text=True,
+    again = subprocess.run(train_command(tmp_path, "killed2"), cwd=ROOT, env=ENV, capture_output=True, text=True,
                            timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "completed iterations 1..1" in again.stdout and not partial.exists()  # the half-written one is gone
     assert in_ckpt.lost_now() == []
-    m_run2, w_run2 = final(tmp_path, "killed2")
-    assert m_run2 == m_ref and all((w_run2[k] == w_ref[k]).all() for k in w_ref)
+    assert_same_final(run2, reference_run)

@@ -12,11 +12,8 @@ from pathlib import Path
 
 import pytest
 from ledger import declares
-from test_launcher import EXACT, assert_same_iterations, launch, launch_command, weights_gap
-from test_loop import TINY
+from test_launcher import assert_same_iterations, launch, launch_command, weights_gap
 
-from ragen.config import load_config
-from ragen.run.loop import run_training
 from ragen.run.rundir import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -38,13 +35,12 @@ def rank_pid(launcher_pid: int, rank: int) -> int | None:
 @declares("one rank of a 2-rank launch SIGKILLed before an update", "one rank of a 2-rank launch hung (SIGSTOP) "
           "before an update")
 def test_a_killed_or_hung_rank_ends_the_launch_within_its_bound_and_a_relaunch_resumes(tmp_path, prefect_api,
-                                                                                      fault):
+                                                                                      one_process_run, fault):
     """Rank 1 of a 2-rank launch is SIGKILLed, then (another run) stopped with SIGSTOP, once iteration 1's
     rollouts are written (its update next): the launch exits within a bound, naming rank 1 (the launcher for a
     killed rank; rank 0's heartbeat watch for a hung one, train/watchdog.py), and launched again the run resumes
     and ends as one process running both iterations does."""
-    one = run_training(load_config(None, ["cpu-small"], [*TINY, *EXACT, f"trainer.run_dir={tmp_path / 'one'}",
-                                                          "trainer.total_training_steps=2"]), "one").run
+    one = one_process_run
     stale_s = 10
     faults = {"killed": fault("one rank of a 2-rank launch SIGKILLed before an update"),
               "hung": fault("one rank of a 2-rank launch hung (SIGSTOP) before an update")}

@@ -9,7 +9,6 @@ Each time `ragen train` stops with exit 1 naming the failed write; the completed
 same command then finishes the run with exactly the metrics and weights of an uninterrupted one."""
 
 import fcntl
-import json
 import os
 import struct
 import subprocess
@@ -20,9 +19,8 @@ from pathlib import Path
 import pytest
 from filesystems import remount, tmpfs, used
 from ledger import declares
-from safetensors.torch import load_file
-from test_loop import TINY
 from typer.testing import CliRunner
+from uninterrupted import assert_same_final, train_command
 
 from cli.main import app
 
@@ -36,32 +34,19 @@ def small_fs(tmp_path):
 
 
 def train_args(run_dir, iterations):
-    over = [*TINY, f"trainer.run_dir={run_dir}", "trainer.val_before_train=false", "trainer.checkpoint_every=1"]
-    return ["train", "--no-prefect", "--run", "r", "--preset", "cpu-small", "--iterations", str(iterations),
-            *[a for o in over for a in ("--set", o)]]
+    """``ragen train`` of the reference's settings (a checkpoint each iteration, so each can resume), minus the
+    executable, for ``iterations`` of its 2."""
+    args = train_command(run_dir, "r", "trainer.checkpoint_every=1")[1:]
+    args[args.index("--iterations") + 1] = str(iterations)
+    return args
 
 
 def train(run_dir, iterations):
     return CliRunner().invoke(app, train_args(run_dir, iterations))
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted run both tests must end equal to."""
-    root = tmp_path_factory.mktemp("ref")
-    ref = train(root, 2)
-    assert ref.exit_code == 0, ref.output
-    return final(root)
-
-
-def final(run_dir):
-    m = json.loads((run_dir / "r" / "iter_00001" / "metrics.json").read_text())
-    return ({k: v for k, v in m.items() if not k.startswith("timing_s/") and "per_s" not in k},
-            load_file(str(run_dir / "r" / "checkpoints" / "iter_00001" / "actor" / "model.safetensors")))
-
-
 @declares("disk full (a real tmpfs)", "read-only file system (a real remount)")
-def test_a_full_then_read_only_file_system_then_room_again(small_fs, reference, fault):
+def test_a_full_then_read_only_file_system_then_room_again(small_fs, reference_run, fault):
     full, read_only = fault("disk full (a real tmpfs)"), fault("read-only file system (a real remount)")
     assert train(small_fs, 1).exit_code == 0
     full.guard(small_fs / "r")
@@ -82,12 +67,7 @@ def test_a_full_then_read_only_file_system_then_room_again(small_fs, reference, 
     r = train(small_fs, 2)
     assert r.exit_code == 0 and "completed iterations 1..1" in r.output, r.output
     assert full.lost_now() == [] and read_only.lost_now() == []
-    same_as(final(small_fs), reference)
-
-
-def same_as(run, ref):
-    (m_run, w_run), (m_ref, w_ref) = run, ref
-    assert m_run == m_ref and all((w_run[k] == w_ref[k]).all() for k in w_ref)
+    assert_same_final(small_fs / "r", reference_run)
 
 
 @pytest.fixture
@@ -119,7 +99,7 @@ def shut_down(mnt):
 
 
 @declares("I/O errors then a power cut (ext4 shut down without a journal flush)")
-def test_a_power_cut_mid_iteration_keeps_every_completed_iteration(ext4, reference, fault):
+def test_a_power_cut_mid_iteration_keeps_every_completed_iteration(ext4, reference_run, fault):
     cut = fault("I/O errors then a power cut (ext4 shut down without a journal flush)")
     mnt, mount = ext4
     run = mnt / "r"
@@ -143,4 +123,4 @@ def test_a_power_cut_mid_iteration_keeps_every_completed_iteration(ext4, referen
     assert cut.lost_now() == []  # iteration 0 and its checkpoint, byte for byte
     r = train(mnt, 2)
     assert r.exit_code == 0 and "completed iterations 1..1" in r.output, r.output
-    same_as(final(mnt), reference)
+    assert_same_final(mnt / "r", reference_run)

@@ -3,36 +3,22 @@
 is abandoned and the completed ones are untouched, the MLflow run says KILLED (not RUNNING forever), and the same
 command then finishes the run with exactly the metrics and weights of an uninterrupted one."""
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from ledger import declares
-from test_loop import TINY
+from uninterrupted import ROOT, assert_same_final, train_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
-ROOT = Path(__file__).resolve().parents[2]
-STEPS = 2
 
 
 def train_cmd(tmp, name):
-    sets = [*TINY, f"trainer.run_dir={tmp / 'runs'}", "trainer.val_before_train=false", "tracking.dvc=false",
-            f"tracking.mlflow_tracking_uri=sqlite:///{tmp / 'mlflow.db'}", "tracking.experiment=sigterm",
-            f"tracking.mlflow_artifact_location={tmp / 'mla'}"]
-    return [str(Path(sys.executable).with_name("ragen")), "train", "--run", name, "--preset", "cpu-small",
-            "--iterations", str(STEPS), *[a for o in sets for a in ("--set", o)]]
-
-
-def final(tmp, name):
-    d = tmp / "runs" / name
-    m = json.loads((d / f"iter_{STEPS - 1:05d}" / "metrics.json").read_text())
-    return ({k: v for k, v in m.items() if not k.startswith("timing_s/") and "per_s" not in k},
-            (d / "checkpoints" / f"iter_{STEPS - 1:05d}" / "actor" / "model.safetensors").read_bytes())
+    return train_command(tmp / "runs", name, "tracking.dvc=false", f"tracking.mlflow_tracking_uri=sqlite:///"
+                         f"{tmp / 'mlflow.db'}", "tracking.experiment=sigterm",
+                         f"tracking.mlflow_artifact_location={tmp / 'mla'}", prefect=True)
 
 
 def mlflow_status(tmp, name):
@@ -45,11 +31,10 @@ def mlflow_status(tmp, name):
 
 
 @declares("SIGTERM during an update (ragen train, Prefect flow)")
-def test_sigterm_during_an_update_stops_cleanly_and_the_rerun_equals_uninterrupted(prefect_api, tmp_path, fault):
+def test_sigterm_during_an_update_stops_cleanly_and_the_rerun_equals_uninterrupted(prefect_api, tmp_path,
+                                                                                    reference_run, fault):
     term = fault("SIGTERM during an update (ragen train, Prefect flow)")
     env = dict(os.environ, PYTHONUNBUFFERED="1", PREFECT_API_URL=prefect_api)
-    ref = subprocess.run(train_cmd(tmp_path, "ref"), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert ref.returncode == 0, ref.stderr[-3000:]
 
     run = tmp_path / "runs" / "term"
     p = subprocess.Popen(train_cmd(tmp_path, "term"), cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -72,7 +57,7 @@ def test_sigterm_during_an_update_stops_cleanly_and_the_rerun_equals_uninterrupt
     assert again.returncode == 0, again.stderr[-3000:]
     assert "completed iterations 1..1" in again.stdout
     assert term.lost_now() == []
-    assert final(tmp_path, "term") == final(tmp_path, "ref")
+    assert_same_final(run, reference_run)
     assert set(mlflow_status(tmp_path, "term")) <= {"KILLED", "FINISHED"} and "FINISHED" in mlflow_status(
         tmp_path, "term")
 
