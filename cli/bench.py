@@ -66,9 +66,12 @@ def bench_memory_cmd(model: Annotated[str, typer.Option(help="qwen2.5-0.5b|1.5b|
     from ragen.train.memory import config_budget, markdown, memory_report
 
     if preset or params:
+        from ragen.train.disk import checkpoint_disk
+
         cfg = resolve_config(params, preset, overrides)
         try:
             rep = config_budget(cfg, gpu_gib=gpu_gib)
+            rep["disk"] = checkpoint_disk(cfg)
         except (ValueError, FileNotFoundError) as e:
             fail(f"--preset/--params: {e}")
         if as_json:
@@ -79,6 +82,12 @@ def bench_memory_cmd(model: Annotated[str, typer.Option(help="qwen2.5-0.5b|1.5b|
         for phase in ("rollout", "update"):
             typer.echo(f"  {phase:8s} {rep[f'{phase}_phase_gib']:7.2f} GiB in use, "
                        f"{rep[f'{phase}_headroom_gib']:7.2f} GiB left for activations and buffers")
+        d = rep["disk"]
+        typer.echo(f"disk: a checkpoint {d['checkpoint'] / 1e9:.2f} GB ({d['model_files'] / 1e9:.2f} GB actor, "
+                   f"{d['resume_state'] / 1e9:.2f} GB resume state), one written per iteration; "
+                   f"{d['iterations']} iterations keeping every {d['checkpoint_every']}th with the resume state in "
+                   f"{'the latest only' if d['resume_state_kept'] == 'latest' else 'each'}: "
+                   f"{d['peak'] / 1e9:.1f} GB at the peak ({d['kept_at_peak']} checkpoints; computed)")
         return
     try:
         worlds = tuple(int(g) for g in gpus.split(","))

@@ -48,6 +48,7 @@ def train_cmd(run: Annotated[str, typer.Option("--run", "--run-name",
     from ragen.run.guard import GuardGaveUp
     from ragen.run.loop import with_iterations
     from ragen.run.rundir import ResumeError, RunDir
+    from ragen.train.disk import DiskTooSmall
     from ragen.train.ranks import LaunchError, launched, launcher_rank, leading
 
     if launched() and launcher_rank() != 0:
@@ -66,7 +67,7 @@ def train_cmd(run: Annotated[str, typer.Option("--run", "--run-name",
         RunDir.at(cfg.trainer.run_dir, run)
     except ValueError as e:
         fail(f"--run: {e}")
-    errors: tuple[type[Exception], ...] = (ResumeError, GuardGaveUp, FileNotFoundError, LaunchError)
+    errors: tuple[type[Exception], ...] = (ResumeError, GuardGaveUp, FileNotFoundError, LaunchError, DiskTooSmall)
     try:
         # a line per iteration on stderr: the flow's own log goes to Prefect, the plain loop prints nothing
         with leading(), sigterm_as_interrupt(), iteration_progress(Path(cfg.trainer.run_dir) / run,
@@ -75,7 +76,7 @@ def train_cmd(run: Annotated[str, typer.Option("--run", "--run-name",
                 from flows.train_loop import train_loop
                 from tasks.versioning import VersioningError
 
-                errors = (ResumeError, GuardGaveUp, VersioningError, FileNotFoundError, LaunchError)
+                errors = (ResumeError, GuardGaveUp, VersioningError, FileNotFoundError, LaunchError, DiskTooSmall)
 
                 out = train_loop(run_name=run, params=str(params) if params else None, preset=preset or [],
                                  overrides=overrides or [], iterations=iterations)

@@ -54,7 +54,8 @@ def checkpoint_version_costs(run: Any, k: int) -> tuple[float, float, int, int]:
     the resume state as well; and the bytes of each part."""
     from dvc.repo import Repo
 
-    from tasks.versioning import RESUME_STATE, dvc_root, leave_out_resume_state
+    from ragen.run.rundir import in_resume_state
+    from tasks.versioning import dvc_root, leave_out_resume_state
 
     st = run.state(k)
     ignore = run.root / ".dvcignore"
@@ -71,7 +72,7 @@ def checkpoint_version_costs(run: Any, k: int) -> tuple[float, float, int, int]:
             repo.push(targets=[str(run.pointer(st).resolve())])
         times.append(time.monotonic() - t0)
     sizes = {p: p.stat().st_size for p in st.rglob("*") if p.is_file()}
-    resume = sum(b for p, b in sizes.items() if p.relative_to(st).parts[0] in RESUME_STATE)
+    resume = sum(b for p, b in sizes.items() if in_resume_state(p.relative_to(st)))
     return times[0], times[1], sum(sizes.values()) - resume, resume
 
 

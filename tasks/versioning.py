@@ -23,10 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from ragen.config import Config
 from ragen.run.iteration import EVAL_INIT, best_iteration
 from ragen.run.retention import states_to_version
-from ragen.run.rundir import MARKER, RunDir
-
-# a checkpoint's resume state: what a resume needs beyond the actor (ragen.train.trainer.Trainer.save)
-RESUME_STATE = ("critic", "deepspeed")
+from ragen.run.rundir import MARKER, RESUME_STATE, RunDir
 
 T = TypeVar("T")
 

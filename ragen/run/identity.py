@@ -19,7 +19,8 @@ LATER_KEYS = {"actor.compute_dtype": "fp32", "critic.compute_dtype": "fp32", "ro
               "algorithm.kl_monitor_size": 0,
               "critic.value_head_lr": None, "critic.value_scale": 1.0, "envs.train_seeds": None,
               "rollout.kv_cache_memory_gib": None, "rollout.sleep_during_update": True}
-RESUME_FREE = ("trainer.total_training_steps", "rollout.progress", "tracking.", "diagnostics.")
+RESUME_FREE = ("trainer.total_training_steps", "trainer.resume_state", "rollout.progress", "tracking.",
+               "diagnostics.")
 
 
 def identity(flat: dict[str, Any]) -> dict[str, Any]:

@@ -226,4 +226,4 @@ def finish_iteration(cfg: Config, run: RunDir, k: int, metrics: dict[str, float]
     """metrics.json, then the marker (the iteration now counts as done), then prune old states."""
     write_json(run.iteration(k) / "metrics.json", metrics)
     run.mark_complete(k, {"iteration": k, "time": time.time()})
-    return prune_states(run, cfg.trainer.checkpoint_every, best_iteration(run))
+    return prune_states(run, cfg.trainer.checkpoint_every, best_iteration(run), resume_state=cfg.trainer.resume_state)

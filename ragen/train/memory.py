@@ -31,9 +31,9 @@ QWEN25 = {
 }
 
 
-def count_parameters(model: str) -> int:
-    """Parameters of a causal LM: a name of ``QWEN25`` or a local model directory (its config.json), counted on
-    the meta device (no weights are read or allocated)."""
+def meta_model(model: str) -> Any:
+    """A causal LM built on the meta device (no weights read or allocated): a name of ``QWEN25`` or a local model
+    directory (its config.json)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
 
@@ -48,9 +48,24 @@ def count_parameters(model: str) -> int:
                                     f"with config.json")
         cfg = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
-        m = AutoModelForCausalLM.from_config(cfg)
-    # tied input/output embeddings are one tensor: count each parameter once
+        return AutoModelForCausalLM.from_config(cfg)
+
+
+def count_parameters(model: str) -> int:
+    """Parameters of a causal LM (``meta_model``); tied input/output embeddings are one tensor, counted once."""
+    m = meta_model(model)
     return sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
+
+
+def count_lora_parameters(model: str, model_cfg: Any) -> int:
+    """Parameters of the adapters ``model.lora_rank`` / ``lora_target_modules`` add to ``model``."""
+    from ragen.train.lora import add_adapters, lora_spec
+
+    spec = lora_spec(model_cfg)
+    if spec is None:
+        return 0
+    m = add_adapters(meta_model(model), spec)
+    return sum(p.numel() for n, p in m.named_parameters() if "lora_" in n)
 
 
 def model_state_bytes(n_params: int, stage: int, world: int, *, mixed: bool = True) -> float:
