@@ -15,10 +15,10 @@ from cli.common import (
     ParamsOpt,
     PresetOpt,
     SetOpt,
+    config_or_exit,
+    experiment_or_exit,
     fail,
     print_result,
-    resolve_config,
-    resolve_experiment,
     stdout_to_stderr,
 )
 
@@ -68,7 +68,7 @@ def bench_memory_cmd(model: Annotated[str, typer.Option(help="qwen2.5-0.5b|1.5b|
     if preset or params:
         from ragen.train.disk import checkpoint_disk
 
-        cfg = resolve_config(params, preset, overrides)
+        cfg = config_or_exit(params, preset, overrides)
         try:
             rep = config_budget(cfg, gpu_gib=gpu_gib)
             rep["disk"] = checkpoint_disk(cfg)
@@ -176,13 +176,13 @@ def bench_learn_cmd(as_json: JsonOpt = False,
         spec = LearnSpec(out=str(out))  # bench_learn continues with the settings saved in --out
     else:
         if experiment is not None:
-            r = resolve_experiment(experiment, scale, 0, overrides)
+            r = experiment_or_exit(experiment, scale, 0, overrides)
             params, preset, overrides = None, list(r.presets), list(r.overrides)
         elif params is None and not preset and Path("params.yaml").is_file():
             params = Path("params.yaml")  # the main command's settings
         elif params is None and not preset:
             preset = ["cpu-small"]
-        resolve_config(params, preset, overrides)  # bad settings fail before any model loads, naming the key
+        config_or_exit(params, preset, overrides)  # bad settings fail before any model loads, naming the key
         if out is None:
             out = Path("runs") / "bench-learn" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         spec = LearnSpec(params=str(params) if params else None, presets=tuple(preset or ()),
@@ -269,7 +269,7 @@ def bench_pipeline_cmd(as_json: JsonOpt = False,
     run at the given preset (default cpu-small) in a temporary DVC repo and MLflow database."""
     from flows.bench_pipeline import bench_pipeline
 
-    resolve_config(params, preset or ["cpu-small"], overrides)  # bad settings fail before any model loads
+    config_or_exit(params, preset or ["cpu-small"], overrides)  # bad settings fail before any model loads
     with stdout_to_stderr():
         result = bench_pipeline(str(params) if params else None, preset or ["cpu-small"], overrides or [],
                                 iterations)

@@ -28,19 +28,19 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def resolve_config(params: Path | None, preset: list[str] | None, overrides: list[str] | None):
+def config_or_exit(params: Path | None, preset: list[str] | None, overrides: list[str] | None):
     try:
         return load_config(params, preset or [], overrides or [])
     except ConfigError as e:
         fail(f"config error:\n{e}")
 
 
-def resolve_experiment(name: str, scale: str, seed: int, overrides: list[str] | None, sweep: str | None = None):
+def experiment_or_exit(name: str, scale: str, seed: int, overrides: list[str] | None, sweep: str | None = None):
     """A named experiment resolved at a scale; an unknown name or scale exits 2 with the known ones."""
-    from ragen.experiments import resolve
+    from ragen.experiments import experiment_settings
 
     try:
-        return resolve(name, scale, seed, overrides or [], sweep)
+        return experiment_settings(name, scale, seed, overrides or [], sweep)
     except KeyError as e:
         fail(str(e.args[0]))
 

@@ -11,8 +11,8 @@ from cli.common import (
     ParamsOpt,
     PresetOpt,
     SetOpt,
+    config_or_exit,
     fail,
-    resolve_config,
 )
 from ragen.config import config_to_dict
 
@@ -24,7 +24,7 @@ def config_show(params: ParamsOpt = None, preset: PresetOpt = None, overrides: S
     """Print the resolved config as YAML."""
     import yaml
 
-    typer.echo(yaml.safe_dump(config_to_dict(resolve_config(params, preset, overrides)), sort_keys=False,
+    typer.echo(yaml.safe_dump(config_to_dict(config_or_exit(params, preset, overrides)), sort_keys=False,
                               allow_unicode=True))
 
 
@@ -34,7 +34,7 @@ def config_params(params: ParamsOpt = None, preset: PresetOpt = None, overrides:
     from ragen.config import PARAMS_HEADER, commented_yaml
     from ragen.experiments import grid_yaml
 
-    typer.echo(commented_yaml(resolve_config(params, preset, overrides), PARAMS_HEADER) + grid_yaml(), nl=False)
+    typer.echo(commented_yaml(config_or_exit(params, preset, overrides), PARAMS_HEADER) + grid_yaml(), nl=False)
 
 
 @app.command("reference")

@@ -11,8 +11,8 @@ from cli.common import (
     ParamsOpt,
     PresetOpt,
     SetOpt,
+    config_or_exit,
     fail,
-    resolve_config,
 )
 
 app = typer.Typer(no_args_is_help=True, help="Inspect environments and generate instances.")
@@ -39,7 +39,7 @@ def envs_show(tag: Annotated[str, typer.Option(help="env tag, e.g. SimpleSokoban
     from ragen.envs import get_tag
     from ragen.models import load_tokenizer
 
-    cfg = resolve_config(params, preset or ["cpu-small"], overrides)
+    cfg = config_or_exit(params, preset or ["cpu-small"], overrides)
     try:
         spec = get_tag(tag, cfg.tag_specs())
     except KeyError as e:
@@ -65,7 +65,7 @@ def envs_instances(out: Annotated[Path, typer.Option(help="output parquet file")
 
     if mode not in ("train", "val"):
         fail(f"--mode must be train or val, got {mode!r}")
-    cfg = resolve_config(params, preset or ["cpu-small"], overrides)
+    cfg = config_or_exit(params, preset or ["cpu-small"], overrides)
     df = instances_for(cfg, mode, iteration)
     write_instances(df, out)
     summary = df.groupby("tag").agg(envs=("env_id", "size"), groups=("group", "nunique"),

@@ -11,9 +11,9 @@ from cli.common import (
     ParamsOpt,
     PresetOpt,
     SetOpt,
+    config_or_exit,
     fail,
     print_panel,
-    resolve_config,
 )
 
 app = typer.Typer(help="Score a checkpoint on a fixed seed panel (`ragen eval --checkpoint ... --panel ...`); "
@@ -54,7 +54,7 @@ def eval_cmd(ctx: typer.Context,
         over.append(f"eval.tags=[{','.join(tags)}]")
     if samples is not None:
         over.append(f"eval.pass_k={samples}")
-    cfg = resolve_config(params, preset, over)
+    cfg = config_or_exit(params, preset, over)
     if cfg.eval.panel is None:
         fail("no panel: give --panel FILE (make one with `ragen eval panel --out FILE`)")
     from flows.evaluate import evaluate_flow

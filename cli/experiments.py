@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from cli.common import (
+    config_or_exit,
     fail,
-    resolve_config,
 )
 from ragen.config import config_to_dict
 
@@ -30,10 +30,10 @@ def experiments_list(finding: Annotated[str | None, typer.Option(help="only this
 def experiments_show(name: str, scale: Annotated[str, typer.Option(help="cpu-small | paper")] = "cpu-small",
                      seed: int = 0) -> None:
     """The presets and overrides one experiment runs with at a scale, and its resolved config."""
-    from ragen.experiments import resolve
+    from ragen.experiments import experiment_settings
 
     try:
-        r = resolve(name, scale, seed)
+        r = experiment_settings(name, scale, seed)
     except KeyError as e:
         fail(str(e.args[0]))
     typer.echo(f"# {r.experiment.description}\n# presets: {' '.join(r.presets)}\n# overrides:")
@@ -41,5 +41,5 @@ def experiments_show(name: str, scale: Annotated[str, typer.Option(help="cpu-sma
         typer.echo(f"#   {o}")
     import yaml
 
-    cfg = resolve_config(None, list(r.presets), list(r.overrides))
+    cfg = config_or_exit(None, list(r.presets), list(r.overrides))
     typer.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

@@ -12,8 +12,8 @@ from cli.common import (
     ParamsOpt,
     PresetOpt,
     SetOpt,
+    config_or_exit,
     fail,
-    resolve_config,
 )
 
 app = typer.Typer(no_args_is_help=True, help="SFT warm-start on solver demonstrations.")
@@ -58,7 +58,7 @@ def sft_train_cmd(params: ParamsOpt = None, preset: PresetOpt = None, overrides:
             fail(str(err.args[0]))
         preset, overrides = [*e.presets, *(preset or [])], [*e.overrides, *(overrides or [])]
     preset = _sft_presets(params, preset)
-    cfg = resolve_config(params, preset, overrides)
+    cfg = config_or_exit(params, preset, overrides)
     if prefect:
         from flows.sft import sft_flow
 
@@ -86,7 +86,7 @@ def sft_demos_cmd(params: ParamsOpt = None, preset: PresetOpt = None, overrides:
     """Make the solver demonstrations (train and test splits) as a parquet table."""
     from ragen.sft.pipeline import make_demos_stage
 
-    cfg = resolve_config(params, _sft_presets(params, preset), overrides)
+    cfg = config_or_exit(params, _sft_presets(params, preset), overrides)
     path = make_demos_stage(cfg, out, progress=True)
     typer.echo(path.with_suffix(".json").read_text())
     typer.echo(f"wrote {path}")
@@ -99,5 +99,5 @@ def sft_eval_cmd(out: Annotated[Path, typer.Option(help="metrics JSON to write")
     """Format evaluation with thinking on the fixed SFT evaluation seeds (sft.eval_n per tag)."""
     from ragen.sft.pipeline import evaluate_stage
 
-    cfg = resolve_config(params, _sft_presets(params, preset), overrides)
+    cfg = config_or_exit(params, _sft_presets(params, preset), overrides)
     _print_format(f"format of {model or cfg.model.base}:", evaluate_stage(cfg, model, out))

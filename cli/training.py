@@ -13,10 +13,10 @@ from cli.common import (
     ParamsOpt,
     PresetOpt,
     SetOpt,
+    config_or_exit,
+    experiment_or_exit,
     fail,
     iteration_progress,
-    resolve_config,
-    resolve_experiment,
     sigterm_as_interrupt,
 )
 
@@ -55,10 +55,10 @@ def train_cmd(run: Annotated[str, typer.Option("--run", "--run-name",
         _follow()
 
     if experiment is not None:
-        r = resolve_experiment(experiment, scale, seed, overrides, sweep)
+        r = experiment_or_exit(experiment, scale, seed, overrides, sweep)
         params, preset, overrides = None, list(r.presets), list(r.overrides)
         run = r.run_name if run == "default" else run
-    cfg = resolve_config(params, preset, with_iterations(overrides, iterations))
+    cfg = config_or_exit(params, preset, with_iterations(overrides, iterations))
     if run == "auto":  # dvc repro after a params.yaml edit: a new run, not a refused restart of the old one
         from ragen.run.identity import config_name
 
@@ -176,7 +176,7 @@ def up_cmd(run: Annotated[str, typer.Option("--run", help="run name: runs/<name>
         fail(f"--mode {mode!r}: use one of {', '.join(MODES)}")
     if params is None and Path("params.yaml").is_file():
         params = Path("params.yaml")  # the flow's default too
-    cfg = resolve_config(params, preset, with_iterations(overrides, iterations))  # fails here, before any server starts
+    cfg = config_or_exit(params, preset, with_iterations(overrides, iterations))  # fails here, before any server starts
     from ragen.run.rundir import RunDir
 
     try:
@@ -230,7 +230,7 @@ def rollout_cmd(out: Annotated[Path, typer.Option(help="rollouts parquet file to
 
     if mode not in ("train", "val"):
         fail(f"--mode must be train or val, got {mode!r}")
-    cfg = resolve_config(params, preset or ["cpu-small"], overrides)
+    cfg = config_or_exit(params, preset or ["cpu-small"], overrides)
     tok = load_tokenizer(cfg.model.base, cfg.model.tokenizer, cfg.model.trust_remote_code)
     renderer = ChatRenderer(tok, cfg.model.end_of_turn_token)
     try:

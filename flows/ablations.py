@@ -26,7 +26,7 @@ GRID_OVERRIDES = ("tracking.dvc=false",)  # the pipeline versions the grid's out
 def grid_config(grid: Grid, name: str, seed: int) -> tuple[Resolved, Config, str]:
     """One grid run's resolution, config and run name (``<experiment>-s<seed>-<config hash>``: a changed
     setting is a new run, never a refused restart of the old one)."""
-    r = grid.resolve(name, seed)
+    r = grid.settings(name, seed)
     cfg = load_config(None, list(r.presets), [*r.overrides, *GRID_OVERRIDES])
     return r, cfg, f"{r.run_name}-{config_name(cfg)[2:8]}"
 

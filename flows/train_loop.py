@@ -63,7 +63,7 @@ def stopped_from_outside(e: BaseException) -> bool:
     return False
 
 
-def resolve(params: str | None, preset: list[str] | str | None, overrides: list[str] | None,
+def flow_config(params: str | None, preset: list[str] | str | None, overrides: list[str] | None,
             iterations: int | None) -> Config:
     presets = [preset] if isinstance(preset, str) else list(preset or [])
     return load_config(params, presets, loop.with_iterations(overrides, iterations))
@@ -74,7 +74,7 @@ def resolve(params: str | None, preset: list[str] | str | None, overrides: list[
 def train_loop(run_name: str = "default", params: str | None = "params.yaml", preset: list[str] | None = None,
                overrides: list[str] | None = None, iterations: int | None = None) -> dict[str, Any]:
     """Train (or continue) run ``run_name``: config = params file <- presets <- overrides (``key=value``)."""
-    cfg = resolve(params, preset, overrides, iterations)  # a deployment run's were checked first (trust.gated)
+    cfg = flow_config(params, preset, overrides, iterations)  # a deployment run's were checked first (trust.gated)
     run = RunDir.at(cfg.trainer.run_dir, run_name)
     with run.locked():  # one process per run directory (a second start is refused before it logs anything)
         return _train(run, cfg, run_name, params, preset, overrides, iterations)

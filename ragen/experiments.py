@@ -3,9 +3,9 @@ and which pipeline runs each (``train`` for RL, ``sft`` for a supervised warm-st
 
 An experiment is scale-free where it can be; ``scale_overrides`` hold what a scale must change (group counts,
 iterations). A scale is a preset (``cpu-small``: this 2-core machine, minutes per experiment; ``paper``: one GPU,
-Qwen2.5-0.5B, 200 iterations) plus the grid settings of ``SCALES``. ``resolve`` turns (experiment, scale, seed,
-extra overrides) into the presets and overrides of one run; ``knobs`` become MLflow tags so the UI's compare view
-lines the runs of one ablation up."""
+Qwen2.5-0.5B, 200 iterations) plus the grid settings of ``SCALES``. ``experiment_settings`` turns (experiment,
+scale, seed, extra overrides) into the presets and overrides of one run; ``knobs`` become MLflow tags so the UI's
+compare view lines the runs of one ablation up."""
 
 from __future__ import annotations
 
@@ -205,7 +205,8 @@ class Resolved:
     tags: Mapping[str, str]
 
 
-def resolve(name: str, scale: str, seed: int = 0, extra: Sequence[str] = (), sweep: str | None = None) -> Resolved:
+def experiment_settings(name: str, scale: str, seed: int = 0, extra: Sequence[str] = (),
+                        sweep: str | None = None) -> Resolved:
     """Experiment ``name`` at ``scale`` with ``trainer.seed=seed``; ``extra`` (grid-wide overrides, e.g. a tiny
     model in tests) comes last. An experiment without settings for a scale is an error naming the scales it has."""
     e = get_experiment(name, "train")
@@ -236,8 +237,8 @@ class Grid:
     def runs(self) -> list[tuple[str, int]]:
         return [(n, s) for n in self.run for s in self.seeds]
 
-    def resolve(self, name: str, seed: int) -> Resolved:
-        return resolve(name, self.scale, seed, self.overrides, self.sweep_name)
+    def settings(self, name: str, seed: int) -> Resolved:
+        return experiment_settings(name, self.scale, seed, self.overrides, self.sweep_name)
 
     def run_of_item(self, item: str) -> tuple[str, int]:
         """The (experiment, seed) whose matrix item is ``item`` (``<experiment>-<seed>``, what follows ``@`` in a

@@ -14,7 +14,7 @@ from ragen.config import load_config
 from ragen.eval.metrics import panel_metrics
 from ragen.eval.panels import make_panel, read_panel, write_panel
 from ragen.eval.stats import mean_interval, pass_at_k, rate_difference, wilson
-from ragen.experiments import EXPERIMENTS, Grid, grid_yaml, read_grid, resolve
+from ragen.experiments import EXPERIMENTS, Grid, experiment_settings, grid_yaml, read_grid
 from ragen.report.ablations import training_effect, write_report
 from ragen.report.verdicts import GridResult, claim_verdict, finding_verdict, pooled, training_change
 
@@ -195,26 +195,26 @@ def test_training_change_pools_a_runs_tags():
 @pytest.mark.parametrize("name", sorted(n for n, e in EXPERIMENTS.items() if e.kind == "train"))
 def test_every_experiment_resolves_to_a_valid_config_at_its_scales(name):
     for scale in EXPERIMENTS[name].scales:
-        r = resolve(name, scale, seed=1, sweep="s")
+        r = experiment_settings(name, scale, seed=1, sweep="s")
         cfg = load_config(None, list(r.presets), list(r.overrides))
         assert cfg.trainer.seed == 1 and cfg.tracking.sweep == "s" and cfg.tracking.tags["experiment_name"] == name
         assert cfg.eval.panel == f"data/panels/{scale}.json" and cfg.eval.tags
 
 
 def test_experiment_knobs_reach_the_config():
-    g = load_config(None, *map(list, (resolve("granularity-6", "cpu-small").presets,
-                                      resolve("granularity-6", "cpu-small").overrides)))
+    g = load_config(None, *map(list, (experiment_settings("granularity-6", "cpu-small").presets,
+                                      experiment_settings("granularity-6", "cpu-small").overrides)))
     assert g.agent.max_actions_per_turn == 6 and g.tag_specs()["SimpleSokoban"].max_actions_per_traj == 30
-    o = resolve("online-5", "paper")
+    o = experiment_settings("online-5", "paper")
     c = load_config(None, list(o.presets), list(o.overrides))
     assert c.envs.train.n_groups == [40] and c.trainer.total_training_steps == 40
     kept = int(c.algorithm.filter_ratio * 40) * c.envs.train.group_size
     assert kept // c.actor.ppo_mini_batch_size == 5  # five updates per rollout
-    assert resolve("online-5", "paper").tags["rollout_frequency"] == "5"
+    assert experiment_settings("online-5", "paper").tags["rollout_frequency"] == "5"
     with pytest.raises(KeyError, match="does not run at scale cpu-small"):
-        resolve("diversity-r32", "cpu-small")
+        experiment_settings("diversity-r32", "cpu-small")
     with pytest.raises(KeyError, match="did you mean 'granularity-5'"):
-        resolve("granularity5", "cpu-small")
+        experiment_settings("granularity5", "cpu-small")
 
 
 def test_grid_block_round_trips_and_bad_blocks_are_named(tmp_path):

@@ -202,10 +202,10 @@ def test_warm_start_resolution(tmp_path):
 def test_one_warm_start_serves_runs_that_change_built_in_tags(renderer):
     """The granularity ablation varies SimpleSokoban's action budget per run: all start from one warm-start, whose
     demos keep the built-in budget; a tag that envs.custom defines (and sft.tags lists) is the demos' own."""
-    from ragen.experiments import resolve
+    from ragen.experiments import experiment_settings
 
     def grid_cfg(name):
-        r = resolve(name, "cpu-small")
+        r = experiment_settings(name, "cpu-small")
         return load_config(None, list(r.presets), list(r.overrides))
 
     g1, g7 = grid_cfg("granularity-1"), grid_cfg("granularity-7")

@@ -81,7 +81,7 @@ class LearnSpec:
     experiment: str | None = None  # recorded in the result (the caller resolved it into presets/overrides)
 
 
-def resolve_config(spec: LearnSpec, out: Path) -> tuple[Config, Path]:
+def learn_config(spec: LearnSpec, out: Path) -> tuple[Config, Path]:
     """The run's config (the spec's sources, --quick, the iterations, a fresh run directory under ``out`` and the
     panel written there) and the panel file it scores."""
     quick = list(QUICK) if spec.quick else []
@@ -386,7 +386,7 @@ def bench_learn(spec: LearnSpec, *, log: Callable[[int, dict[str, float], int, f
         spec = saved_spec(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / SPEC_JSON, asdict(spec))
-    cfg, panel = resolve_config(spec, out)
+    cfg, panel = learn_config(spec, out)
     last = cfg.trainer.total_training_steps - 1
     from ragen.sft.pipeline import ensure_warm_start, needs_build
 
