@@ -20,12 +20,28 @@ app = typer.Typer(no_args_is_help=True, help="Resolve and show configs.")
 
 
 @app.command("show")
-def config_show(params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None) -> None:
-    """Print the resolved config as YAML."""
+def config_show(params: ParamsOpt = None, preset: PresetOpt = None, overrides: SetOpt = None,
+                origin: Annotated[bool, typer.Option("--origin", help="a line per key: its value and where it came "
+                                                     "from (default, a preset, the params file, an override)")]
+                = False) -> None:
+    """Print the resolved config as YAML (with --origin, each key's value and the layer that set it)."""
     import yaml
 
-    typer.echo(yaml.safe_dump(config_to_dict(config_or_exit(params, preset, overrides)), sort_keys=False,
-                              allow_unicode=True))
+    if not origin:
+        typer.echo(yaml.safe_dump(config_to_dict(config_or_exit(params, preset, overrides)), sort_keys=False,
+                                  allow_unicode=True))
+        return
+    from ragen.config import ConfigError, flatten, load_config_with_origins
+
+    try:
+        cfg, origins = load_config_with_origins(params, preset or [], overrides or [])
+    except ConfigError as e:
+        fail(f"config error:\n{e}")
+    flat = flatten(config_to_dict(cfg))
+    width = max(len(k) for k in flat)
+    for key, value in flat.items():
+        shown = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("\n...")
+        typer.echo(f"{key:{width}s}  {shown:30s}  # {origins[key]}")
 
 
 @app.command("params")

@@ -549,18 +549,32 @@ def load_config(params: str | Path | None = None, presets: Iterable[str] = (), o
     config.yaml); a ``preset`` list inside it names what the file was made from: those presets go under the
     file's own values (an edited key in the file wins), the ``presets`` argument on top of the file, then the
     overrides."""
+    return load_config_with_origins(params, presets, overrides)[0]
+
+
+def load_config_with_origins(params: str | Path | None = None, presets: Iterable[str] = (),
+                             overrides: Iterable[str] = ()) -> tuple[Config, dict[str, str]]:
+    """``load_config``, and where each key's value came from (dotted key -> "default", "preset <name>" (with
+    "via <file>" for a file's own preset list), the params file's path, or "override"): the last layer that set
+    it."""
     # Start from the full defaults so a partial section (a preset, a file, one override) only changes its keys.
     data: dict[str, Any] = config_to_dict(Config())
+    origins = dict.fromkeys(flatten(data), "default")
     sources = []
     applied: list[str] = []
+    overrides = list(overrides)
 
-    def apply(names: Iterable[str]) -> None:
+    def layer(update: Mapping[str, Any], origin: str) -> None:
         nonlocal data
+        data = deep_merge(data, update)
+        origins.update(dict.fromkeys(flatten(update), origin))
+
+    def apply(names: Iterable[str], via: str = "") -> None:
         for name in names:
             for part in str(name).split(","):
                 part = part.strip()
                 if part:
-                    data = deep_merge(data, load_preset(part))
+                    layer(load_preset(part), f"preset {part}{via}")
                     applied.append(part)
 
     if params is not None:
@@ -580,16 +594,23 @@ def load_config(params: str | Path | None = None, presets: Iterable[str] = (), o
                 loaded[section] = {k: v for k, v in loaded[section].items() if k != name}
         sources.append(str(path))
         file_presets = loaded.pop("preset", []) or []
-        apply([file_presets] if isinstance(file_presets, str) else file_presets)
-        data = deep_merge(data, loaded)
+        apply([file_presets] if isinstance(file_presets, str) else file_presets, via=f" via {path}")
+        layer(loaded, str(path))
     apply(presets)
     _apply_overrides(data, overrides)
+    for text in overrides:
+        key = ".".join(parse_override(text)[0])
+        origins.update({k: "override" for k in origins if k == key or k.startswith(key + ".")} or {key: "override"})
     data["preset"] = applied
     source = " + ".join(sources + [f"preset {p}" for p in applied] + (["overrides"] if overrides else [])) or "config"
     try:
-        return Config.model_validate(data)
+        cfg = Config.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format_errors(e, source)) from None
+    flat = flatten(config_to_dict(cfg))
+    origins["preset"] = "the presets applied, in order"
+    return cfg, {k: origins.get(k, next((o for p, o in origins.items() if k.startswith(p + ".")), "default"))
+                 for k in flat}
 
 
 def _apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> None:

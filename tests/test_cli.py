@@ -85,3 +85,14 @@ def test_sigterm_stops_like_ctrl_c_inside_the_context_only():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # not reached: the handler raises as soon as the signal arrives
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_config_show_origin_prints_each_key_its_value_and_its_layer():
+    r = runner.invoke(app, ["config", "show", "--origin", "--preset", "cpu-small", "--set", "actor.lr=3e-5"])
+    assert r.exit_code == 0, r.output
+    lines = {ln.split()[0]: ln for ln in r.output.splitlines()}
+    assert lines["actor.lr"].split()[1] == "3.0e-05" and lines["actor.lr"].endswith("# override")
+    assert lines["envs.train.tags"].endswith("# preset cpu-small") and "[Bandit]" in lines["envs.train.tags"]
+    assert lines["trainer.run_dir"].endswith("# default")
+    bad = runner.invoke(app, ["config", "show", "--origin", "--set", "actor.lrr=1"])
+    assert bad.exit_code == 2 and "actor.lrr" in bad.output

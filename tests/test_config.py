@@ -14,6 +14,7 @@ from ragen.config import (
     config_to_dict,
     flatten,
     load_config,
+    load_config_with_origins,
 )
 
 pytestmark = pytest.mark.unit
@@ -176,3 +177,19 @@ def test_a_matrix_item_names_one_grid_run():
     assert g.run_of_item("granularity-5-1") == ("granularity-5", 1)
     with pytest.raises(KeyError, match="granularity-5-0"):
         g.run_of_item("granularity-5-2")
+
+
+def test_each_value_says_which_layer_set_it(tmp_path):
+    """``config show --origin``: the last layer that set a key (default < the file's own presets < the file <
+    the presets asked for < overrides)."""
+    params = tmp_path / "p.yaml"
+    params.write_text("preset: [cpu-small]\ntrainer: {seed: 7}\n")
+    cfg, origin = load_config_with_origins(params, ["cpu-sokoban"], ["critic.lr=1e-4", "envs.val.n_groups=[2]"])
+    assert origin["trainer.run_dir"] == "default"
+    assert origin["agent.max_turn"] == "preset cpu-sokoban"  # set by cpu-small (via the file), then cpu-sokoban
+    assert origin["rollout.engine"] == f"preset cpu-small via {params}"
+    assert origin["trainer.seed"] == str(params) and cfg.trainer.seed == 7
+    assert origin["actor.lr"] == "preset cpu-sokoban"  # the presets asked for go on top of the file
+    assert origin["critic.lr"] == "override" and origin["envs.val.n_groups"] == "override"
+    assert set(origin) == set(flatten(config_to_dict(cfg)))
+    assert load_config_with_origins()[1]["actor.lr"] == "default"
