@@ -51,6 +51,27 @@ def test_bad_model_paths(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_hub_model_that_is_not_here_is_refused_at_once_naming_how_to_get_it(monkeypatch):
+    """Not a folder, not packaged, not in the Hugging Face cache, and the hub does not answer (a closed port on
+    this machine stands in for a machine without a route to it): refused within seconds, not after the hub
+    client's ~50 s of retries; HF_HUB_OFFLINE refuses without asking."""
+    from ragen.models import registry
+
+    registry.hub_has.cache_clear()
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    t0 = time.monotonic()
+    with pytest.raises(FileNotFoundError, match=r"'someone/some-model' is neither an existing directory nor a "
+                                                r"reachable hub id \(http://127\.0\.0\.1:9 could not be reached.*"
+                                                r"huggingface-cli download someone/some-model --local-dir DIR"):
+        ensure_model("someone/some-model")
+    assert time.monotonic() - t0 < registry.HUB_PROBE_S + 2
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match=r"\(HF_HUB_OFFLINE=1\)"):
+        ensure_model("someone/other-model")
+    registry.hub_has.cache_clear()
+
+
+@pytest.mark.unit
 def test_bf16_runs_in_fp32_only_where_the_hardware_would_emulate_it(monkeypatch, caplog):
     """model.emulated_bf16=fp32 (default) turns every bf16 setting into fp32 on hardware without native bf16
     matmuls, keeps it on hardware with them, and 'keep' always keeps it; fp16/fp32 settings are never touched."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -76,14 +77,51 @@ def ensure_model(base: str) -> str:
     return path
 
 
+HUB_PROBE_S = 5.0  # how long the hub may take to answer before a model that is not here is refused
+
+
 def reachable(path: str) -> bool:
-    """Whether a name that is not an existing directory could still be a hub id to download."""
-    return not path.startswith((".", "/", "~")) and os.environ.get("HF_HUB_OFFLINE") != "1"
+    """Whether a name that is not an existing directory can be loaded as a hub id: in the Hugging Face cache, or
+    the hub answers for it within ``HUB_PROBE_S`` (never with HF_HUB_OFFLINE=1). Without this, a machine with no
+    route to the hub spent ~50 s in the hub client's retries before its error."""
+    if path.startswith((".", "/", "~")):
+        return False
+    return in_hub_cache(path) or (os.environ.get("HF_HUB_OFFLINE") != "1" and hub_has(path) is None)
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid repo id
+        return False
+
+
+@functools.cache
+def hub_has(repo_id: str) -> str | None:
+    """None when the hub (``HF_ENDPOINT``) lists the model, else why not (unreachable, not found, gated)."""
+    import urllib.error
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    req = urllib.request.Request(f"{endpoint}/api/models/{repo_id}", method="HEAD")
+    try:
+        with urllib.request.urlopen(req, timeout=HUB_PROBE_S):
+            return None
+    except urllib.error.HTTPError as e:
+        return f"{endpoint} answered {e.code} for it" + (" (not there, or gated)" if e.code in (401, 404) else "")
+    except (urllib.error.URLError, OSError) as e:
+        return f"{endpoint} could not be reached ({getattr(e, 'reason', e)}; waited up to {HUB_PROBE_S:.0f} s)"
 
 
 def unreachable(setting: str, name: str) -> FileNotFoundError:
-    return FileNotFoundError(f"{setting} {name!r} is neither an existing directory nor a reachable hub id; use "
-                             f"{DEFAULT_CPU_MODEL!r} (built by `ragen models prepare`) or a local path")
+    why = ("HF_HUB_OFFLINE=1" if os.environ.get("HF_HUB_OFFLINE") == "1" else hub_has(name)) \
+        if not name.startswith((".", "/", "~")) else "it is a path"
+    return FileNotFoundError(f"{setting} {name!r} is neither an existing directory nor a reachable hub id ({why}); "
+                             f"use {DEFAULT_CPU_MODEL!r} (built by `ragen models prepare`) or a local path, or "
+                             f"download it where the hub answers (`huggingface-cli download {name} --local-dir "
+                             f"DIR`) and set {setting.split('/')[0]}=DIR")
 
 
 def has_weights(path: Path) -> bool:
