@@ -67,6 +67,21 @@ def test_matmul_throughput_is_measured_in_the_models_shapes():
     assert list(tf) == ["32x8x8", "32x8x16", "32x16x8", "4x8x50"] and all(v > 0 for v in tf.values())
 
 
+def test_the_peak_is_timed_where_the_update_runs(monkeypatch):
+    """On a GPU machine the update runs on CUDA (DeepSpeed's accelerator): its peak is timed there, each clock
+    read after a synchronize, not on the CPU (CPU-only here: the device the bench asks for is checked)."""
+    from ragen.train import update_bench
+
+    asked = []
+    monkeypatch.setattr(update_bench, "matmul_tflops", lambda shapes, dtype, device: asked.append(device) or
+                        {"1x1x1": 1.0})
+    monkeypatch.setattr(update_bench.torch.cuda, "is_available", lambda: True)
+    update_bench.peak_tflops(Architecture.of(small_llama()), ["fp32"])
+    monkeypatch.setattr(update_bench.torch.cuda, "is_available", lambda: False)
+    update_bench.peak_tflops(Architecture.of(small_llama()), ["fp32"])
+    assert asked == ["cuda", "cpu"]
+
+
 def test_lora_pass_counts_what_is_computed_by_hand():
     """LoRA: frozen matrices backpropagate input gradients only (1x), attention 2x, the adapters 3x; the actor's
     frozen output layer 2x, a trained value head 3x. Lengths 2 and 3 (5 tokens), 100 adapter weights."""

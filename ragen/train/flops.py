@@ -76,18 +76,27 @@ def model_shapes(arch: Architecture, tokens: int, outputs: int) -> list[tuple[in
             (tokens, arch.intermediate, arch.hidden), (max(outputs, 1), arch.hidden, arch.vocab)]
 
 
-def matmul_tflops(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype, *, seconds: float = 0.5
-                  ) -> dict[str, float]:
+def matmul_tflops(shapes: Sequence[tuple[int, int, int]], dtype: torch.dtype, *, seconds: float = 0.5,
+                  device: str | torch.device = "cpu") -> dict[str, float]:
     """Measured TFLOP/s of ``a @ b`` in each shape ("m x k x n"), each timed for about ``seconds`` after a
-    warm-up, on the threads torch uses now."""
+    warm-up, on ``device`` (the CPU: on the threads torch uses now; a GPU: synchronized before each clock read,
+    as its kernels run asynchronously)."""
+    dev = torch.device(device)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
     out = {}
     for m, k, n in shapes:
-        a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
-        a @ b  # warm-up: packing buffers, thread pool
+        a, b = torch.randn(m, k, device=dev).to(dtype), torch.randn(k, n, device=dev).to(dtype)
+        a @ b  # warm-up: packing buffers, thread pool, kernel selection
+        sync()
         reps, t0 = 0, time.perf_counter()
         while True:
             a @ b
             reps += 1
+            sync()
             elapsed = time.perf_counter() - t0
             if elapsed >= seconds and reps >= 3:
                 break

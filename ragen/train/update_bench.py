@@ -71,12 +71,18 @@ def scripted_batch(cfg: Config, tokenizer: Any, seed: int) -> Sequences:
     return sequences_from_rollouts(collect(cfg, ScriptedEngine(tokenizer, reply), renderer, progress=False).rollouts)
 
 
+def update_device() -> str:
+    """Where the update runs, so where its peak is timed: DeepSpeed's accelerator (CUDA on a GPU machine)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def peak_tflops(arch: Architecture, dtypes: Sequence[str], tokens: int = 2048, outputs: int = 256
                 ) -> tuple[dict[str, float | None], dict[str, dict[str, float]]]:
-    """The best measured matmul throughput per dtype over the model's shapes, and every shape's."""
+    """The best measured matmul throughput per dtype over the model's shapes, and every shape's, on the device
+    the update runs on."""
     torch_dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     shapes = model_shapes(arch, tokens, outputs)
-    each = {d: matmul_tflops(shapes, torch_dtypes[d]) for d in dtypes}
+    each = {d: matmul_tflops(shapes, torch_dtypes[d], device=update_device()) for d in dtypes}
     peak: dict[str, float | None] = {"fp32": None, "bf16": None}
     peak.update({d: max(v.values()) for d, v in each.items()})
     return peak, each
@@ -172,7 +178,8 @@ def bench_train(*, model: str = "smollm2-135m-instruct", batches: Sequence[str] 
     say(f"matrix throughput in the model's shapes ({', '.join(dtypes)})")
     peak, shapes = peak_tflops(arch, dtypes)
     compute_dtype = "bf16" if runs_bf16(first, "actor") else "fp32"
-    out: dict[str, Any] = {"model": model, "hardware": hardware(), "threads": torch.get_num_threads(),
+    out: dict[str, Any] = {"model": model, "hardware": hardware(), "device": update_device(),
+                           "threads": torch.get_num_threads(),
                            "compute_dtype": compute_dtype, "peak_tflops": peak, "matmul_tflops": shapes,
                            "mfu": {}, "achieved_tflops": {}, "batches": {}}
     for b, cfg in cfgs.items():
