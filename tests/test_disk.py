@@ -100,6 +100,9 @@ def test_the_collapse_guard_needs_every_resume_state():
 
 
 def test_a_disk_too_small_for_the_run_is_refused_with_the_numbers(tmp_path, monkeypatch):
+    from ragen.models import precision
+
+    monkeypatch.setattr(precision, "native_bf16", lambda: True)  # the paper's GPU (the start plans as it runs)
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: usage(64 * 2**30, 0, 20 * 10**9))
     with pytest.raises(DiskTooSmall, match=r"need 31\.6 GB at their peak \(6 checkpoints of 13\.83 GB, 12\.84 GB "

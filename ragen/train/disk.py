@@ -55,32 +55,40 @@ def zero_stage_of(ds_config: str) -> int:
     return int(load_ds_config(ds_config, grad_clip=1.0).get("zero_optimization", {}).get("stage", 0))
 
 
-def engine_files(opt: Any, n_params: int, lora_params: int) -> tuple[float, float]:
+def engine_files(opt: Any, n_params: int, lora_params: int, compute_dtype: str) -> tuple[float, float]:
     """(model files, DeepSpeed state) in bytes of one engine (``actor`` or ``critic`` settings)."""
     trained = lora_params or n_params
-    files = trained * (4 if lora_params else weight_bytes(opt.compute_dtype))
-    return float(files), engine_state_bytes(trained, n_params, compute_dtype=opt.compute_dtype,
+    files = trained * (4 if lora_params else weight_bytes(compute_dtype))
+    return float(files), engine_state_bytes(trained, n_params, compute_dtype=compute_dtype,
                                             zero_stage=zero_stage_of(opt.deepspeed_config))
 
 
-def checkpoint_parts(cfg: Any, n_params: int, lora_params: int = 0) -> tuple[float, float]:
+def checkpoint_parts(cfg: Any, n_params: int, lora_params: int = 0, *, here: bool = False) -> tuple[float, float]:
     """(model files, resume state) in bytes of one checkpoint of ``cfg``'s run: ``n_params`` in the model,
-    ``lora_params`` in its adapters when ``model.lora_rank`` > 0 (the critic's backbone takes the same)."""
+    ``lora_params`` in its adapters when ``model.lora_rank`` > 0 (the critic's backbone takes the same). The
+    dtypes as configured (a plan for any machine), or with ``here`` as this machine runs them (a bf16 setting
+    trains in fp32 where bf16 would be emulated: model.emulated_bf16)."""
     from ragen.algos.advantages import needs_critic
+    from ragen.models.precision import runs_bf16
+
+    def dtype(section: str) -> str:
+        if here:
+            return "bf16" if runs_bf16(cfg, section) else "fp32"
+        return getattr(cfg, section).compute_dtype
 
     lora = lora_params if cfg.model.lora_rank > 0 else 0
-    model_files, resume = engine_files(cfg.actor, n_params, lora)
+    model_files, resume = engine_files(cfg.actor, n_params, lora, dtype("actor"))
     if needs_critic(cfg.algorithm.adv_estimator):
-        critic_files, critic_state = engine_files(cfg.critic, n_params, lora)
+        critic_files, critic_state = engine_files(cfg.critic, n_params, lora, dtype("critic"))
         resume += critic_files + critic_state
     return model_files, resume
 
 
-def disk_plan(cfg: Any, n_params: int, lora_params: int = 0) -> DiskPlan:
+def disk_plan(cfg: Any, n_params: int, lora_params: int = 0, *, here: bool = False) -> DiskPlan:
     """The run directory's checkpoints over ``cfg``'s whole run, at their peak: while iteration k's checkpoint is
     written, the ones kept after k-1 (the latest whole; under trainer.resume_state=latest the others without
     their resume state) and a best one distinct from them all (the worst case)."""
-    model_files, resume = checkpoint_parts(cfg, n_params, lora_params)
+    model_files, resume = checkpoint_parts(cfg, n_params, lora_params, here=here)
     n, every = cfg.trainer.total_training_steps, cfg.trainer.checkpoint_every
     stripped = cfg.trainer.resume_state == "latest"
     peak, kept_at_peak = 0.0, 0
@@ -97,12 +105,11 @@ def disk_plan(cfg: Any, n_params: int, lora_params: int = 0) -> DiskPlan:
 
 def count_model(cfg: Any) -> tuple[int, int] | None:
     """(parameters, LoRA adapter parameters) of ``model.base`` counted on the meta device, or None when its
-    config cannot be read here (a hub id that is not one of the Qwen2.5 sizes and not downloaded)."""
-    from ragen.models import resolve_model_path
-    from ragen.train.memory import QWEN25, count_lora_parameters, count_parameters, model_alias
+    config cannot be read here (a hub id that is not one of the Qwen2.5 sizes and not downloaded, a packaged
+    model not built yet)."""
+    from ragen.train.memory import QWEN25, count_lora_parameters, count_parameters, countable
 
-    path = resolve_model_path(cfg.model.base)
-    model = path if (Path(path) / "config.json").is_file() else model_alias(cfg.model.base)
+    model = countable(cfg.model.base)
     if model not in QWEN25 and not (Path(model) / "config.json").is_file():
         return None
     lora = count_lora_parameters(model, cfg.model) if cfg.model.lora_rank > 0 else 0
@@ -129,7 +136,7 @@ def check_disk(cfg: Any, run_dir: str | Path) -> DiskPlan | None:
     counted = count_model(cfg)
     if counted is None:
         return None
-    plan = disk_plan(cfg, *counted)
+    plan = disk_plan(cfg, *counted, here=True)
     where = Path(run_dir).resolve()
     probe = where
     while not probe.exists():

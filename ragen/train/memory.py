@@ -132,6 +132,17 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def countable(base: str) -> str:
+    """What ``meta_model`` builds for ``model.base``: its local folder (a packaged alias's is in the model
+    cache), else its ``QWEN25`` name (a hub id of that family), else ``base`` unchanged."""
+    from pathlib import Path
+
+    from ragen.models import resolve_model_path
+
+    path = resolve_model_path(base)
+    return path if (Path(path) / "config.json").is_file() else model_alias(base)
+
+
 def model_alias(base: str) -> str:
     """The ``QWEN25`` name of a hub id such as ``Qwen/Qwen2.5-0.5B-Instruct``, else ``base`` unchanged."""
     low = base.lower().rsplit("/", 1)[-1]
@@ -166,7 +177,7 @@ def config_budget(cfg: Any, *, gpu_gib: float = 80.0, world: int = 1) -> dict[st
     from ragen.algos.advantages import needs_critic
     from ragen.train.ds import load_ds_config
 
-    model = model_alias(cfg.model.base)
+    model = countable(cfg.model.base)
     ds = load_ds_config(cfg.actor.deepspeed_config, grad_clip=cfg.actor.grad_clip)
     stage = int(ds.get("zero_optimization", {}).get("stage", 0))
     a, r = cfg.algorithm, cfg.rollout
