@@ -23,8 +23,9 @@ def cfg(*over):
 def test_one_checkpoint_by_hand():
     # bf16, ZeRO-2, PPO: actor files 2N; resume state = actor optimizer 12N + critic files 2N + its optimizer 12N
     assert checkpoint_parts(cfg(), N) == (2 * N, 26 * N)
-    # fp32 training: 4 bytes a weight, Adam's moments 8: actor optimizer 8N + critic files 4N + its optimizer 8N
-    assert checkpoint_parts(cfg("actor.compute_dtype=fp32", "critic.compute_dtype=fp32"), N) == (4 * N, 20 * N)
+    # fp32 (ZeRO-0's config): 4 bytes a weight, Adam's moments 8: actor optimizer 8N + critic files 4N + its 8N
+    z0 = ("actor.deepspeed_config=infra/deepspeed/zero0.json", "critic.deepspeed_config=infra/deepspeed/zero0.json")
+    assert checkpoint_parts(cfg(*z0), N) == (4 * N, 20 * N)
     # ZeRO-3 also saves the module's weights in DeepSpeed's state: 2N more per engine
     z3 = ("actor.deepspeed_config=infra/deepspeed/zero3.json", "critic.deepspeed_config=infra/deepspeed/zero3.json")
     assert checkpoint_parts(cfg(*z3), N) == (2 * N, 30 * N)
@@ -100,9 +101,6 @@ def test_the_collapse_guard_needs_every_resume_state():
 
 
 def test_a_disk_too_small_for_the_run_is_refused_with_the_numbers(tmp_path, monkeypatch):
-    from ragen.models import precision
-
-    monkeypatch.setattr(precision, "native_bf16", lambda: True)  # the paper's GPU (the start plans as it runs)
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: usage(64 * 2**30, 0, 20 * 10**9))
     with pytest.raises(DiskTooSmall, match=r"need 31\.6 GB at their peak \(6 checkpoints of 13\.83 GB, 12\.84 GB "

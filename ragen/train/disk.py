@@ -3,11 +3,10 @@ and the resume state: the critic, DeepSpeed's optimizer and engine state), how m
 once (ragen/run/retention.py; every iteration writes one, the resume point, beside the one before it), and the
 peak of the run directory. A run refuses to start where the disk cannot hold that peak (``check_disk``).
 
-Each engine trains in its ``compute_dtype``: its weights are saved at 2 bytes (bf16) or 4 (fp32) per parameter, and
-DeepSpeed's state takes 12 bytes per trained parameter under bf16 (an fp32 master copy and Adam's two moments) or 8
-under fp32 (the moments); ZeRO-3 also saves the module's weights there (below ZeRO-3 the checkpoint's model files
-are the only copy). LoRA adapters are kept in fp32. Iteration data (rollouts, metrics) is small beside it and left
-out."""
+Each engine's DeepSpeed config decides its precision (``engine_files``): under bf16 its weights take 2 bytes and its
+state 12 bytes per trained parameter (an fp32 master copy and Adam's two moments), else 4 and 8 (the moments);
+ZeRO-3 also saves the module's weights in that state (below ZeRO-3 the checkpoint's model files are the only copy).
+Iteration data (rollouts, metrics) is small beside it and left out."""
 
 from __future__ import annotations
 
@@ -39,56 +38,45 @@ class DiskPlan:
         return {**asdict(self), "checkpoint": self.checkpoint}
 
 
-def weight_bytes(compute_dtype: str) -> int:
-    return 4 if compute_dtype == "fp32" else 2
-
-
-def engine_state_bytes(trained: int, n_params: int, *, compute_dtype: str, zero_stage: int) -> float:
-    """DeepSpeed's saved state of one engine: optimizer per trained parameter, plus the module under ZeRO-3."""
-    per = 8 if compute_dtype == "fp32" else 12
-    return trained * per + (n_params * weight_bytes(compute_dtype) if zero_stage >= 3 else 0)
-
-
-def zero_stage_of(ds_config: str) -> int:
+def ds_precision(ds_config: str) -> tuple[int, bool]:
+    """(ZeRO stage, bf16) of a DeepSpeed config file: what decides how an engine's weights and state are kept."""
     from ragen.train.ds import load_ds_config
 
-    return int(load_ds_config(ds_config, grad_clip=1.0).get("zero_optimization", {}).get("stage", 0))
+    ds = load_ds_config(ds_config, grad_clip=1.0)
+    return int(ds.get("zero_optimization", {}).get("stage", 0)), bool(ds.get("bf16", {}).get("enabled", False))
 
 
-def engine_files(opt: Any, n_params: int, lora_params: int, compute_dtype: str) -> tuple[float, float]:
-    """(model files, DeepSpeed state) in bytes of one engine (``actor`` or ``critic`` settings)."""
+def engine_files(opt: Any, n_params: int, lora_params: int) -> tuple[float, float]:
+    """(model files, DeepSpeed state) in bytes of one engine (``actor`` or ``critic`` settings): under bf16 the
+    module is kept in bf16 (2 bytes a weight) with an fp32 master copy and Adam's moments (12 bytes a trained
+    parameter), else in fp32 (4) with the moments (8); ZeRO-3 saves the module in DeepSpeed's state too. LoRA
+    adapters are written in fp32."""
+    stage, bf16 = ds_precision(opt.deepspeed_config)
+    weight = 2 if bf16 else 4
     trained = lora_params or n_params
-    files = trained * (4 if lora_params else weight_bytes(compute_dtype))
-    return float(files), engine_state_bytes(trained, n_params, compute_dtype=compute_dtype,
-                                            zero_stage=zero_stage_of(opt.deepspeed_config))
+    files = trained * (4 if lora_params else weight)
+    state = trained * (12 if bf16 else 8) + (n_params * weight if stage >= 3 else 0)
+    return float(files), float(state)
 
 
-def checkpoint_parts(cfg: Any, n_params: int, lora_params: int = 0, *, here: bool = False) -> tuple[float, float]:
+def checkpoint_parts(cfg: Any, n_params: int, lora_params: int = 0) -> tuple[float, float]:
     """(model files, resume state) in bytes of one checkpoint of ``cfg``'s run: ``n_params`` in the model,
-    ``lora_params`` in its adapters when ``model.lora_rank`` > 0 (the critic's backbone takes the same). The
-    dtypes as configured (a plan for any machine), or with ``here`` as this machine runs them (a bf16 setting
-    trains in fp32 where bf16 would be emulated: model.emulated_bf16)."""
+    ``lora_params`` in its adapters when ``model.lora_rank`` > 0 (the critic's backbone takes the same)."""
     from ragen.algos.advantages import needs_critic
-    from ragen.models.precision import runs_bf16
-
-    def dtype(section: str) -> str:
-        if here:
-            return "bf16" if runs_bf16(cfg, section) else "fp32"
-        return getattr(cfg, section).compute_dtype
 
     lora = lora_params if cfg.model.lora_rank > 0 else 0
-    model_files, resume = engine_files(cfg.actor, n_params, lora, dtype("actor"))
+    model_files, resume = engine_files(cfg.actor, n_params, lora)
     if needs_critic(cfg.algorithm.adv_estimator):
-        critic_files, critic_state = engine_files(cfg.critic, n_params, lora, dtype("critic"))
+        critic_files, critic_state = engine_files(cfg.critic, n_params, lora)
         resume += critic_files + critic_state
     return model_files, resume
 
 
-def disk_plan(cfg: Any, n_params: int, lora_params: int = 0, *, here: bool = False) -> DiskPlan:
+def disk_plan(cfg: Any, n_params: int, lora_params: int = 0) -> DiskPlan:
     """The run directory's checkpoints over ``cfg``'s whole run, at their peak: while iteration k's checkpoint is
     written, the ones kept after k-1 (the latest whole; under trainer.resume_state=latest the others without
     their resume state) and a best one distinct from them all (the worst case)."""
-    model_files, resume = checkpoint_parts(cfg, n_params, lora_params, here=here)
+    model_files, resume = checkpoint_parts(cfg, n_params, lora_params)
     n, every = cfg.trainer.total_training_steps, cfg.trainer.checkpoint_every
     stripped = cfg.trainer.resume_state == "latest"
     peak, kept_at_peak = 0.0, 0
@@ -136,7 +124,7 @@ def check_disk(cfg: Any, run_dir: str | Path) -> DiskPlan | None:
     counted = count_model(cfg)
     if counted is None:
         return None
-    plan = disk_plan(cfg, *counted, here=True)
+    plan = disk_plan(cfg, *counted)
     where = Path(run_dir).resolve()
     probe = where
     while not probe.exists():

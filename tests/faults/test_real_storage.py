@@ -1,5 +1,6 @@
 """The run directory on a real small file system (mounted for the test; root with CAP_SYS_ADMIN, else skipped):
-- a tmpfs shrunk until iteration 1 no longer fits (a real ENOSPC from the kernel), then remounted read-only (a real
+- a tmpfs too small for the run's checkpoints at the start (refused before anything is written), then shrunk
+  during iteration 1 until it no longer fits (a real ENOSPC from the kernel), then remounted read-only (a real
   EROFS);
 - an ext4 file system on a loop device, shut down mid-iteration without flushing its journal (the kernel's
   EXT4_IOC_SHUTDOWN, as xfstests' godown does): every later read and write gets a real EIO, and what is on the
@@ -13,6 +14,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -45,19 +47,42 @@ def train(run_dir, iterations):
     return CliRunner().invoke(app, train_args(run_dir, iterations))
 
 
+def shrink_once_started(mnt, ready):
+    """A thread that shrinks the file system at ``mnt`` to what it holds plus 4 MiB as soon as ``ready`` exists:
+    the disk fills up mid-run, after the start's disk check has passed (iteration 1's checkpoint no longer fits)."""
+    def shrink():
+        t0 = time.monotonic()
+        while not ready.exists() and time.monotonic() - t0 < 600:
+            time.sleep(0.01)
+        remount(mnt, f"size={used(mnt) + 4 * 2**20}")
+
+    t = threading.Thread(target=shrink, daemon=True)
+    t.start()
+    return t
+
+
 @declares("disk full (a real tmpfs)", "read-only file system (a real remount)")
 def test_a_full_then_read_only_file_system_then_room_again(small_fs, reference_run, fault):
     full, read_only = fault("disk full (a real tmpfs)"), fault("read-only file system (a real remount)")
     assert train(small_fs, 1).exit_code == 0
     full.guard(small_fs / "r")
-    remount(small_fs, f"size={used(small_fs) + 4 * 2**20}")  # iteration 1's checkpoint no longer fits
+    # a disk already too small for the run's checkpoints: refused at the start, naming the numbers
+    remount(small_fs, f"size={used(small_fs) + 4 * 2**20}")
     r = train(small_fs, 2)
+    assert r.exit_code == 2 and "at their peak" in r.output and "trainer.resume_state=latest" in r.output, r.output
+    assert full.lost_now() == []
+    # room at the start, then the disk fills up during iteration 1 (a real ENOSPC from the kernel)
+    remount(small_fs, "size=2g")
+    shrinking = shrink_once_started(small_fs, small_fs / "r" / "iter_00001" / "instances.parquet")
+    r = train(small_fs, 2)
+    shrinking.join()
     assert r.exit_code == 1, r.output
     assert "No space left on device" in r.output and "iterations 0..0 are complete and intact" in r.output
     assert "it resumes at iteration 1" in r.output
     assert full.lost_now() == []
 
     read_only.guard(small_fs / "r")
+    remount(small_fs, "size=2g")
     remount(small_fs, "ro")
     r = train(small_fs, 2)
     assert r.exit_code == 1, r.output
