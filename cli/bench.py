@@ -66,7 +66,7 @@ def bench_memory_cmd(model: Annotated[str, typer.Option(help="qwen2.5-0.5b|1.5b|
     from ragen.train.memory import config_budget, markdown, memory_report
 
     if preset or params:
-        from ragen.train.disk import checkpoint_disk
+        from ragen.run.disk import checkpoint_disk
 
         cfg = config_or_exit(params, preset, overrides)
         try:

@@ -45,10 +45,10 @@ def train_cmd(run: Annotated[str, typer.Option("--run", "--run-name",
     """Train (or continue) a run: rollouts -> update -> eval per iteration, each iteration saved under runs/.
     Under `torchrun` / `deepspeed` every rank runs this same command: rank 0 runs the loop, the others hold their
     share of the update."""
+    from ragen.run.disk import DiskTooSmall
     from ragen.run.guard import GuardGaveUp
     from ragen.run.loop import with_iterations
     from ragen.run.rundir import ResumeError, RunDir
-    from ragen.train.disk import DiskTooSmall
     from ragen.train.ranks import LaunchError, launched, launcher_rank, leading
 
     if launched() and launcher_rank() != 0:

@@ -7,10 +7,10 @@ from collections import namedtuple
 import pytest
 
 from ragen.config import load_config
+from ragen.run import disk
+from ragen.run.disk import DiskTooSmall, check_disk, checkpoint_parts, disk_plan
 from ragen.run.retention import prune_states
 from ragen.run.rundir import STATE_MARKER, RunDir
-from ragen.train import disk
-from ragen.train.disk import DiskTooSmall, check_disk, checkpoint_parts, disk_plan
 
 pytestmark = pytest.mark.unit
 N = 1000  # parameters of a made-up model

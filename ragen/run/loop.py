@@ -35,7 +35,7 @@ def with_iterations(overrides: list[str] | None, iterations: int | None) -> list
 def open_run(cfg: Config, name: str) -> tuple[RunDir, Runtime, int]:
     """Bind the config to the run directory; the runtime (not yet opened) starts at the run's resume point, with
     the remedies of the collapse guard's earlier rollbacks (guard.json) applied."""
-    from ragen.train.disk import check_disk
+    from ragen.run.disk import check_disk
 
     run = RunDir.at(cfg.trainer.run_dir, name)
     check_disk(cfg, run.root)  # a disk too small for the run's checkpoints stops it now, not at its 150th iteration
