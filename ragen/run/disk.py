@@ -118,9 +118,11 @@ class DiskTooSmall(RuntimeError):
 
 
 def check_disk(cfg: Any, run_dir: str | Path) -> DiskPlan | None:
-    """Refuse a run whose checkpoints cannot fit the free space of the disk under ``run_dir`` (what is already
-    in the run directory counts as free: a resumed run rewrites it), naming the numbers and the settings that
-    shrink them. None when the model cannot be counted here."""
+    """Refuse a run whose checkpoints cannot fit the free space of the disk under ``run_dir`` plus what the run's
+    own checkpoints hold already (a resumed run replaces them), naming the numbers and the settings that shrink
+    them. None when the model cannot be counted here."""
+    from ragen.run.rundir import CHECKPOINTS
+
     counted = count_model(cfg)
     if counted is None:
         return None
@@ -129,14 +131,14 @@ def check_disk(cfg: Any, run_dir: str | Path) -> DiskPlan | None:
     probe = where
     while not probe.exists():
         probe = probe.parent
-    have = shutil.disk_usage(probe).free
-    if where.is_dir():
-        have += sum(f.stat().st_size for f in where.rglob("*") if f.is_file() and not f.is_symlink())
-    if plan.peak > have:
+    free = shutil.disk_usage(probe).free
+    held = sum(f.stat().st_size for f in (where / CHECKPOINTS).rglob("*") if f.is_file() and not f.is_symlink())
+    if plan.peak > free + held:
         raise DiskTooSmall(
             f"the run's checkpoints need {plan.peak / GB:.1f} GB at their peak ({plan.kept_at_peak} checkpoints of "
             f"{plan.checkpoint / GB:.2f} GB, {plan.resume_state / GB:.2f} GB of it resume state) but {probe} has "
-            f"{have / GB:.1f} GB free; keep fewer (trainer.checkpoint_every higher), the resume state with the "
-            f"latest only (trainer.resume_state=latest), or point trainer.run_dir at a larger disk "
-            f"(`ragen bench memory --preset ...` prints the plan)")
+            f"{free / GB:.1f} GB free" + (f" and the run's checkpoints hold {held / GB:.1f} GB" if held else "") +
+            "; keep fewer (trainer.checkpoint_every higher), the resume state with the latest only "
+            "(trainer.resume_state=latest), or point trainer.run_dir at a larger disk (`ragen bench memory "
+            "--preset ...` prints the plan)")
     return plan
