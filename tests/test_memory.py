@@ -49,3 +49,12 @@ def test_model_alias_of_hub_ids():
     assert model_alias("Qwen/Qwen2.5-0.5B-Instruct") == "qwen2.5-0.5b"
     assert model_alias("Qwen/Qwen2.5-7B-Instruct") == "qwen2.5-7b"
     assert model_alias("/models/mine") == "/models/mine"
+
+
+def test_a_local_model_is_counted_from_its_safetensors_headers_as_on_the_meta_device():
+    from ragen.models import TINY_MODEL, ensure_model
+    from ragen.train.memory import count_saved_parameters
+
+    path = ensure_model(TINY_MODEL)
+    assert count_saved_parameters(path) == count_parameters(path) > 0
+    assert count_saved_parameters("/nonexistent") is None

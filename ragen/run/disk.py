@@ -95,13 +95,14 @@ def count_model(cfg: Any) -> tuple[int, int] | None:
     """(parameters, LoRA adapter parameters) of ``model.base`` counted on the meta device, or None when its
     config cannot be read here (a hub id that is not one of the Qwen2.5 sizes and not downloaded, a packaged
     model not built yet)."""
-    from ragen.train.memory import QWEN25, count_lora_parameters, count_parameters, countable
+    from ragen.train.memory import QWEN25, count_lora_parameters, count_parameters, count_saved_parameters, countable
 
     model = countable(cfg.model.base)
     if model not in QWEN25 and not (Path(model) / "config.json").is_file():
         return None
     lora = count_lora_parameters(model, cfg.model) if cfg.model.lora_rank > 0 else 0
-    return count_parameters(model), lora
+    saved = count_saved_parameters(model) if model not in QWEN25 else None
+    return (saved if saved is not None else count_parameters(model)), lora
 
 
 def checkpoint_disk(cfg: Any) -> dict[str, Any]:

@@ -57,6 +57,27 @@ def count_parameters(model: str) -> int:
     return sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
 
 
+def count_saved_parameters(folder: str) -> int | None:
+    """Parameters of a local model from its safetensors headers alone (no torch, no transformers: fast at a run's
+    start), or None where it has none. A tied output layer is saved once, so counted once, as in
+    ``count_parameters``."""
+    import json
+    import math
+    import struct
+    from pathlib import Path
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        with f.open("rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return total
+
+
 def count_lora_parameters(model: str, model_cfg: Any) -> int:
     """Parameters of the adapters ``model.lora_rank`` / ``lora_target_modules`` add to ``model``."""
     from ragen.train.lora import add_adapters, lora_spec
