@@ -66,12 +66,12 @@ def bench_memory_cmd(model: Annotated[str, typer.Option(help="qwen2.5-0.5b|1.5b|
     from ragen.train.memory import config_budget, markdown, memory_report
 
     if preset or params:
-        from ragen.run.disk import checkpoint_disk
+        from ragen.run.disk import disk_plan, lora_parameters
 
         cfg = config_or_exit(params, preset, overrides)
         try:
             rep = config_budget(cfg, gpu_gib=gpu_gib)
-            rep["disk"] = checkpoint_disk(cfg)
+            rep["disk"] = disk_plan(cfg, rep["parameters"], lora_parameters(cfg, rep["model"])).as_dict()
         except (ValueError, FileNotFoundError) as e:
             fail(f"--preset/--params: {e}")
         if as_json:

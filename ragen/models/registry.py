@@ -80,11 +80,16 @@ def ensure_model(base: str) -> str:
 HUB_PROBE_S = 5.0  # how long the hub may take to answer before a model that is not here is refused
 
 
+def looks_like_path(name: str) -> bool:
+    """A name a hub id cannot be: it starts as a file system path does."""
+    return name.startswith((".", "/", "~"))
+
+
 def reachable(path: str) -> bool:
     """Whether a name that is not an existing directory can be loaded as a hub id: in the Hugging Face cache, or
     the hub answers for it within ``HUB_PROBE_S`` (never with HF_HUB_OFFLINE=1). Without this, a machine with no
     route to the hub spent ~50 s in the hub client's retries before its error."""
-    if path.startswith((".", "/", "~")):
+    if looks_like_path(path):
         return False
     return in_hub_cache(path) or (os.environ.get("HF_HUB_OFFLINE") != "1" and hub_has(path) is None)
 
@@ -116,8 +121,8 @@ def hub_has(repo_id: str) -> str | None:
 
 
 def unreachable(setting: str, name: str) -> FileNotFoundError:
-    why = ("HF_HUB_OFFLINE=1" if os.environ.get("HF_HUB_OFFLINE") == "1" else hub_has(name)) \
-        if not name.startswith((".", "/", "~")) else "it is a path"
+    why = "it is a path" if looks_like_path(name) else \
+        "HF_HUB_OFFLINE=1" if os.environ.get("HF_HUB_OFFLINE") == "1" else hub_has(name)
     return FileNotFoundError(f"{setting} {name!r} is neither an existing directory nor a reachable hub id ({why}); "
                              f"use {DEFAULT_CPU_MODEL!r} (built by `ragen models prepare`) or a local path, or "
                              f"download it where the hub answers (`huggingface-cli download {name} --local-dir "

@@ -38,20 +38,14 @@ class DiskPlan:
         return {**asdict(self), "checkpoint": self.checkpoint}
 
 
-def ds_precision(ds_config: str) -> tuple[int, bool]:
-    """(ZeRO stage, bf16) of a DeepSpeed config file: what decides how an engine's weights and state are kept."""
-    from ragen.train.ds import load_ds_config
-
-    ds = load_ds_config(ds_config, grad_clip=1.0)
-    return int(ds.get("zero_optimization", {}).get("stage", 0)), bool(ds.get("bf16", {}).get("enabled", False))
-
-
 def engine_files(opt: Any, n_params: int, lora_params: int) -> tuple[float, float]:
     """(model files, DeepSpeed state) in bytes of one engine (``actor`` or ``critic`` settings): under bf16 the
     module is kept in bf16 (2 bytes a weight) with an fp32 master copy and Adam's moments (12 bytes a trained
     parameter), else in fp32 (4) with the moments (8); ZeRO-3 saves the module in DeepSpeed's state too. LoRA
     adapters are written in fp32."""
-    stage, bf16 = ds_precision(opt.deepspeed_config)
+    from ragen.train.ds import config_precision
+
+    stage, bf16 = config_precision(opt.deepspeed_config)
     weight = 2 if bf16 else 4
     trained = lora_params or n_params
     files = trained * (4 if lora_params else weight)
@@ -91,27 +85,24 @@ def disk_plan(cfg: Any, n_params: int, lora_params: int = 0) -> DiskPlan:
     return DiskPlan(model_files, resume, n, every, cfg.trainer.resume_state, kept_at_peak, peak)
 
 
+def lora_parameters(cfg: Any, model: str) -> int:
+    """Parameters of the adapters ``model.lora_rank`` adds to ``model`` (0 for a full fine-tune)."""
+    from ragen.train.memory import count_lora_parameters
+
+    return count_lora_parameters(model, cfg.model) if cfg.model.lora_rank > 0 else 0
+
+
 def count_model(cfg: Any) -> tuple[int, int] | None:
-    """(parameters, LoRA adapter parameters) of ``model.base`` counted on the meta device, or None when its
-    config cannot be read here (a hub id that is not one of the Qwen2.5 sizes and not downloaded, a packaged
-    model not built yet)."""
-    from ragen.train.memory import QWEN25, count_lora_parameters, count_parameters, count_saved_parameters, countable
+    """(parameters, LoRA adapter parameters) of ``model.base``: a local model from its safetensors headers, a
+    Qwen2.5 size on the meta device; None when its config cannot be read here (a hub id that is not one of the
+    Qwen2.5 sizes and not downloaded, a packaged model not built yet)."""
+    from ragen.train.memory import QWEN25, count_parameters, count_saved_parameters, countable
 
     model = countable(cfg.model.base)
     if model not in QWEN25 and not (Path(model) / "config.json").is_file():
         return None
-    lora = count_lora_parameters(model, cfg.model) if cfg.model.lora_rank > 0 else 0
     saved = count_saved_parameters(model) if model not in QWEN25 else None
-    return (saved if saved is not None else count_parameters(model)), lora
-
-
-def checkpoint_disk(cfg: Any) -> dict[str, Any]:
-    """``disk_plan`` of ``cfg`` as plain data (``ragen bench memory``); refuses a model it cannot count."""
-    counted = count_model(cfg)
-    if counted is None:
-        raise FileNotFoundError(f"model.base={cfg.model.base!r}: its config.json is not here to count its "
-                                f"parameters; download it first or use a Qwen2.5 size")
-    return disk_plan(cfg, *counted).as_dict()
+    return (saved if saved is not None else count_parameters(model)), lora_parameters(cfg, model)
 
 
 class DiskTooSmall(RuntimeError):

@@ -34,13 +34,15 @@ STATE_MARKER = "checkpoint-complete"  # written last by Trainer.save
 # the parts of a checkpoint only a resume reads (the critic, its LoRA adapters, DeepSpeed's optimizer and engine
 # state); actor/ (or adapters/actor) is what evaluation and export load
 RESUME_STATE = ("critic", "adapters/critic", "deepspeed")
+DVC_SUFFIX = ".dvc"
+_ITER = re.compile(r"^iter_(\d{5})$")
 
 
 def in_resume_state(rel: Path) -> bool:
     """Whether a path relative to a checkpoint lies in its resume state."""
     return any(rel.parts[:len(Path(r).parts)] == Path(r).parts for r in RESUME_STATE)
-DVC_SUFFIX = ".dvc"
-_ITER = re.compile(r"^iter_(\d{5})$")
+
+
 class ResumeError(RuntimeError):
     pass
 

@@ -115,6 +115,12 @@ def load_ds_config(path: str | Path, *, grad_clip: float, dtype: str | None = No
     return cfg
 
 
+def config_precision(path: str | Path) -> tuple[int, bool]:
+    """(ZeRO stage, bf16) of a DeepSpeed config file: how an engine built from it keeps its weights and state."""
+    ds = load_ds_config(path, grad_clip=1.0)
+    return int(ds.get("zero_optimization", {}).get("stage", 0)), bool(ds.get("bf16", {}).get("enabled", False))
+
+
 def param_groups(model: nn.Module, lr: float, lr_of: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
     """The trainable parameters as AdamW groups: those under a module prefix of ``lr_of`` (e.g. ``value_head``)
     at that rate, the rest at ``lr``. Each group keeps its rate as a multiple of ``lr`` (``lr_scale``), so

@@ -196,11 +196,10 @@ def config_budget(cfg: Any, *, gpu_gib: float = 80.0, world: int = 1) -> dict[st
     """``colocated_budget`` for a resolved config: its model, vLLM memory settings, whether it needs a critic or a
     reference model, and the actor's ZeRO stage (its DeepSpeed config)."""
     from ragen.algos.advantages import needs_critic
-    from ragen.train.ds import load_ds_config
+    from ragen.train.ds import config_precision
 
     model = countable(cfg.model.base)
-    ds = load_ds_config(cfg.actor.deepspeed_config, grad_clip=cfg.actor.grad_clip)
-    stage = int(ds.get("zero_optimization", {}).get("stage", 0))
+    stage = config_precision(cfg.actor.deepspeed_config)[0]
     a, r = cfg.algorithm, cfg.rollout
     reference = bool(a.use_kl_in_reward or cfg.actor.use_kl_loss or a.kl_monitor)
     n = count_parameters(model)

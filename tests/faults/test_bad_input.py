@@ -8,18 +8,16 @@ import shutil
 import pytest
 from filesystems import tmpfs_mountable
 from ledger import declares
-from test_loop import TINY
 from typer.testing import CliRunner
+from uninterrupted import train_command
 
 from cli.main import app
 from ragen.models import TINY_MODEL, ensure_model
 
 
 def train(tmp_path, *extra, iterations=2, run="r"):
-    over = [*TINY, f"trainer.run_dir={tmp_path}", "trainer.val_before_train=false", "trainer.checkpoint_every=1",
-            *extra]
-    return CliRunner().invoke(app, ["train", "--no-prefect", "--run", run, "--preset", "cpu-small", "--iterations",
-                                    str(iterations), *[a for o in over for a in ("--set", o)]])
+    return CliRunner().invoke(app, train_command(tmp_path, run, "trainer.checkpoint_every=1", *extra,
+                                                 iterations=iterations)[1:])
 
 
 @pytest.mark.parametrize("args, expected", [

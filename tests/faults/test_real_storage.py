@@ -38,9 +38,7 @@ def small_fs(tmp_path):
 def train_args(run_dir, iterations):
     """``ragen train`` of the reference's settings (a checkpoint each iteration, so each can resume), minus the
     executable, for ``iterations`` of its 2."""
-    args = train_command(run_dir, "r", "trainer.checkpoint_every=1")[1:]
-    args[args.index("--iterations") + 1] = str(iterations)
-    return args
+    return train_command(run_dir, "r", "trainer.checkpoint_every=1", iterations=iterations)[1:]
 
 
 def train(run_dir, iterations):

@@ -18,11 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = [*TINY, "trainer.val_before_train=false"]
 
 
-def train_command(run_dir: Path, name: str, *more: str, prefect: bool = False) -> list[str]:
+def train_command(run_dir: Path, name: str, *more: str, prefect: bool = False, iterations: int = STEPS
+                  ) -> list[str]:
     """``ragen train`` of the shared settings into ``run_dir/name``, with ``more`` overrides after them."""
     sets = [a for o in [*SETTINGS, f"trainer.run_dir={run_dir}", *more] for a in ("--set", o)]
     return [str(Path(sys.executable).with_name("ragen")), "train", *([] if prefect else ["--no-prefect"]), "--run",
-            name, "--preset", "cpu-small", "--iterations", str(STEPS), *sets]
+            name, "--preset", "cpu-small", "--iterations", str(iterations), *sets]
 
 
 # the engine's log-probs against the trainer's: float rounding (about 1e-7), equal only to that rounding between an
