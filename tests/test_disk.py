@@ -108,3 +108,19 @@ def test_a_disk_too_small_for_the_run_is_refused_with_the_numbers(tmp_path, monk
         check_disk(cfg(), tmp_path / "runs" / "r")
     monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: usage(64 * 2**30, 0, 40 * 10**9))
     assert check_disk(cfg(), tmp_path / "runs" / "r").peak < 40e9
+
+
+def test_bench_memory_prints_the_disk_plan_with_the_memory_plan():
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    r = CliRunner().invoke(app, ["bench", "memory", "--preset", "paper", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["disk"]["peak"] == pytest.approx(64 * rep["parameters"])  # 2 x 28 + 4 x 2 bytes a parameter
+    assert rep["disk"]["kept_at_peak"] == 6 and rep["disk"]["resume_state_kept"] == "latest"
+    text = CliRunner().invoke(app, ["bench", "memory", "--preset", "paper"]).output
+    assert "31.6 GB at the peak (6 checkpoints; computed)" in text
