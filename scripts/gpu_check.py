@@ -35,8 +35,14 @@ import torch  # noqa: E402
 # `make gpu-bundle` carries as wheels, at the versions installed here.
 BUNDLED = ("deepspeed", "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "hjson", "gymnasium",
            "farama-notifications", "typing-extensions")  # pydantic needs typing-extensions >= 4.16: the image may not
+# Carried for scripts/gpu_control.py only: transformers reads the SmolLM2 GGUF file with it (pure Python; its own
+# needs, numpy, pyyaml, requests and tqdm, are in the image).
+CONTROL_BUNDLED = ("gguf",)
 # The GPU machine's Python (wheels with compiled parts must match it).
 TARGET_PYTHON = "3.12"
+CALL_MIB = 64  # what one device call carries: the working tree plus the carried folders
+MODEL_PART_2 = ROOT / ".gpu-model" / "part-2"
+PART_2_BYTES = 52 * 2**20  # the rest of the GGUF file goes with .gpu (part 1)
 
 ZERO = {0: {"stage": 0}, 2: {"stage": 2, "overlap_comm": True, "contiguous_gradients": True}}
 
@@ -127,20 +133,23 @@ def run_step(name: str, fn: Callable[[], dict[str, Any]], cuda: bool) -> dict[st
 
 
 def bundle(dest: Path) -> None:
-    """Pack what a GPU machine without network needs beside its own image into ``dest`` (``.gpu/``): the wheels of
-    BUNDLED (DeepSpeed built from its source distribution, the rest downloaded for the target Python) and the
-    bundled model's tokenizer, from which the tiny model is built there."""
+    """Pack what a GPU machine without network needs beside its own image, in two loads of at most ``CALL_MIB``
+    with the working tree: ``dest`` (``.gpu/``: the wheels of BUNDLED and CONTROL_BUNDLED, DeepSpeed built from
+    its source distribution and the rest downloaded for the target Python, the bundled model's tokenizer, from
+    which the tiny model is built there, and part 1 of the SmolLM2 GGUF file) and ``.gpu-model/`` (part 2)."""
     import shutil
     import subprocess
     from importlib.metadata import version
 
+    from gpu_control import MANIFEST, split_file
+
     from ragen.models.registry import DEFAULT_CPU_MODEL, cache_root
-    from ragen.models.smollm2 import TOKENIZER_FILES, prepare_tokenizer
+    from ragen.models.smollm2 import TOKENIZER_FILES, gguf_path, prepare_tokenizer
 
     wheels = dest / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
     wheels.mkdir(parents=True)
-    pins = [f"{name}=={version(name)}" for name in BUNDLED]
+    pins = [f"{name}=={version(name)}" for name in (*BUNDLED, *CONTROL_BUNDLED)]
     pip = [sys.executable, "-m", "pip", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), pins[0]], check=True)  # source only on PyPI
     subprocess.run([*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", TARGET_PYTHON,
@@ -152,9 +161,36 @@ def bundle(dest: Path) -> None:
     for f in (*TOKENIZER_FILES, "chat_template.jinja"):  # transformers 5 keeps the chat template beside them
         if (src / f).is_file():
             shutil.copy2(src / f, tok / f)
-    size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
-    print(f"gpu-bundle: {len(list(wheels.glob('*.whl')))} wheels and the tokenizer in {dest} ({size / 2**20:.1f} MiB)",
-          file=sys.stderr)
+    gguf = gguf_path()
+    manifest = dest / MANIFEST.relative_to(ROOT / ".gpu")
+    split_file(gguf, [(manifest.with_name("part-1"), gguf.stat().st_size - PART_2_BYTES), (MODEL_PART_2, None)],
+               manifest)
+    tree = working_tree_bytes()
+    loads = {str(dest): tree + folder_bytes(dest),
+             MODEL_PART_2.parent.name: tree + folder_bytes(MODEL_PART_2.parent)}
+    for folder, size in loads.items():
+        print(f"gpu-bundle: a call carrying {folder} moves {size / 2**20:.1f} MiB with the working tree",
+              file=sys.stderr)
+    over = {f: s for f, s in loads.items() if s > CALL_MIB * 2**20}
+    if over:
+        raise SystemExit(f"gpu-bundle: over the {CALL_MIB} MiB a call carries: {over}; make the working tree "
+                         f"smaller or move bytes between the two parts (PART_2_BYTES)")
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def working_tree_bytes() -> int:
+    """What a device call sends besides the carried folders: tracked files and untracked ones git does not
+    ignore (where this checkout is not a git repository: nothing known, 0)."""
+    import subprocess
+
+    r = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                       capture_output=True)
+    if r.returncode != 0:
+        return 0
+    return sum((ROOT / n).stat().st_size for n in r.stdout.decode().split("\0") if n and (ROOT / n).is_file())
 
 
 def main(argv: list[str] | None = None) -> int:

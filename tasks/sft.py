@@ -66,8 +66,7 @@ def log_sft(cfg: Config, result: dict[str, Any], checkpoint: Path) -> str:
         for line in history.read_text().splitlines():
             rec = json.loads(line)
             metrics.append(Metric("sft/loss", rec["loss"], 0, int(rec["step"])))
-    for i in range(0, len(metrics), 500):
-        client.log_batch(run_id, metrics=metrics[i:i + 500])
+    client.log_batch(run_id, metrics=metrics)  # MLflow batches them within its limits itself
     for f in (*pipeline.EVAL_FILES.values(), "sft.json", pipeline.HISTORY):
         if (checkpoint / f).is_file():
             client.log_artifact(run_id, str(checkpoint / f), "sft")

@@ -210,8 +210,7 @@ def log_params(client: Any, run_id: str, cfg: Config) -> None:
 
     params = [Param(k, (v if isinstance(v, str) else json.dumps(v))[:6000])  # MLflow's value length limit
               for k, v in flatten(config_to_dict(cfg)).items()]
-    for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-        client.log_batch(run_id, params=params[i:i + 100])
+    client.log_batch(run_id, params=params)  # MLflow cuts it into batches of its limit (100 params) itself
 
 
 def rebuild_run(client: Any, cfg: Config, exp: str, name: str, tags: dict[str, str], init: dict[str, float] | None,

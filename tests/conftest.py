@@ -3,6 +3,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import ledger
 import pytest
 from listening import listening
 from user_state import changed, new_servers, server_problems, user_state
@@ -97,6 +98,10 @@ def dvc_repo(tmp_path):
 
     init_repo(tmp_path / "repo", tmp_path / "remote")
     return tmp_path / "repo"
+
+
+def pytest_configure(config):
+    ledger.register(config)  # the fault ledger (tests/ledger.py): on an xdist controller it merges the workers'
 
 
 def pytest_sessionstart(session):

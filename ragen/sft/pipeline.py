@@ -11,7 +11,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ragen.config import Config, config_to_dict, flatten
 from ragen.io import write_json
@@ -246,6 +246,17 @@ def progress_line(progress: dict[str, float]) -> str:
     return f"warm-start (SFT) step {step}/{total}: loss {progress['loss']:.3f}, {elapsed:.0f} s{when}"
 
 
+class SftStages(Protocol):
+    """The three stages ``run_sft`` chains: plain calls (``PlainStages``) or Prefect tasks (the module
+    ``tasks.sft``)."""
+
+    def make_demos(self, cfg: Config) -> Path: ...
+
+    def evaluate_format(self, cfg: Config, model_path: str | None, out: str | Path) -> dict[str, float]: ...
+
+    def train_sft(self, cfg: Config, demos: str | Path) -> tuple[Path, dict[str, float]]: ...
+
+
 class PlainStages:
     """The stages as plain calls; ``tasks.sft`` has the same names as Prefect tasks."""
 
@@ -254,7 +265,7 @@ class PlainStages:
     train_sft = staticmethod(lambda cfg, demos: train_stage(cfg, demos))
 
 
-def run_sft(cfg: Config, *, ops: Any = PlainStages, evaluate: bool = True) -> dict[str, Any]:
+def run_sft(cfg: Config, *, ops: SftStages = PlainStages, evaluate: bool = True) -> dict[str, Any]:
     """The chain: demos -> (format of the base model) -> SFT -> (format of the checkpoint); returns every
     stage's metrics. The base model's evaluation is written beside the output first and moved into the
     checkpoint once it exists (the checkpoint directory only ever appears complete)."""
