@@ -25,7 +25,7 @@ def services_mlflow_cmd(
         pg_port: Annotated[int, typer.Option(help="PostgreSQL port on 127.0.0.1")] = 5432) -> None:
     """A PostgreSQL cluster and an MLflow tracking server on it (127.0.0.1), until Ctrl-C. Train against it with
     --set tracking.mlflow_tracking_uri=http://127.0.0.1:PORT --set tracking.mlflow_artifact_location=null."""
-    from tasks.services import LocalMLflowServer, LocalPostgres, ServiceError
+    from servers.local import LocalMLflowServer, LocalPostgres, ServiceError
 
     try:
         with sigterm_as_interrupt(), LocalPostgres(postgres, port=pg_port) as pg, \

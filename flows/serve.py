@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.services import Service, healthy, prefect_home_env
+from servers.local import Service, healthy, prefect_home_env
 
 DEPLOYMENT = "ragen/train-loop"
 PROCESS_POOL = "ragen-process"

@@ -8,7 +8,7 @@ import pytest
 from listening import listening
 from user_state import changed, new_servers, server_problems, user_state
 
-from tasks.services import prefect_home_env  # imports no prefect
+from servers.local import prefect_home_env  # imports no prefect
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry from test servers
 # The tests never touch the user's Prefect: every client, server and subprocess of the session gets a temporary

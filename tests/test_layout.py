@@ -1,5 +1,5 @@
 """The architecture rules: the ragen library imports no orchestration (Prefect), tracking (MLflow) or versioning
-(DVC) package, nor the pipeline (flows/, tasks/) or the command line (cli/), anywhere in a file (also inside
+(DVC) package, nor the pipeline (flows/, tasks/, servers/) or the command line (cli/), anywhere in a file (also inside
 functions); and its packages import each other without cycles."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ROOT / "ragen"
-FORBIDDEN = {"prefect", "mlflow", "dvc", "flows", "tasks", "cli"}
+FORBIDDEN = {"prefect", "mlflow", "dvc", "flows", "tasks", "servers", "cli"}
 
 
 def module_name(path: Path, root: Path) -> str:

@@ -30,7 +30,7 @@ def pg_dir():
 def test_training_logs_to_an_mlflow_server_on_postgresql(prefect_api, tmp_path, pg_dir):
     import mlflow
 
-    from tasks.services import LocalMLflowServer, LocalPostgres
+    from servers.local import LocalMLflowServer, LocalPostgres
 
     with LocalPostgres(pg_dir / "pg") as pg, \
             LocalMLflowServer(pg.url, tmp_path / "store", env=pg.client_env) as srv:
@@ -65,7 +65,7 @@ def test_training_logs_to_an_mlflow_server_on_postgresql(prefect_api, tmp_path, 
 
 
 def test_missing_postgres_binaries_name_the_fix(monkeypatch, tmp_path):
-    from tasks import services
+    from servers import local as services
 
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(services, "Path", lambda *a: tmp_path / "none" if a == ("/usr/lib/postgresql",) else Path(*a))
@@ -74,7 +74,7 @@ def test_missing_postgres_binaries_name_the_fix(monkeypatch, tmp_path):
 
 
 def test_a_server_that_cannot_start_names_its_log(tmp_path):
-    from tasks.services import LocalMLflowServer, ServiceError
+    from servers.local import LocalMLflowServer, ServiceError
 
     bad = LocalMLflowServer("notadb://x", tmp_path / "store", startup_timeout=60)
     with pytest.raises(ServiceError, match=r"mlflow-server\.log"):
@@ -85,7 +85,7 @@ def test_a_server_that_cannot_start_names_its_log(tmp_path):
 def test_postgres_asks_for_its_password_and_listens_on_loopback_only(pg_dir):
     import psycopg2
 
-    from tasks.services import LocalPostgres, pg_bin
+    from servers.local import LocalPostgres, pg_bin
 
     with LocalPostgres(pg_dir / "pg") as pg:
         assert listen_addresses(pg.port) == {"127.0.0.1"}
@@ -114,7 +114,7 @@ def test_postgres_asks_for_its_password_and_listens_on_loopback_only(pg_dir):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the postgres user and closed parents matter under root")
 def test_a_data_directory_the_server_cannot_reach_is_an_error_not_a_chmod(tmp_path):
-    from tasks.services import LocalPostgres, ServiceError
+    from servers.local import LocalPostgres, ServiceError
 
     closed = tmp_path / "closed"
     (closed / "pg").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The PostgreSQL service's own files (tasks/services.py): its password file is trusted only when this user made
+"""The PostgreSQL service's own files (servers/local.py): its password file is trusted only when this user made
 it (owned, 0600, not a link), and handing a data directory to the `postgres` user never follows a link out of it."""
 
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.services import LocalPostgres, ServiceError
+from servers.local import LocalPostgres, ServiceError
 
 pytestmark = pytest.mark.unit
 

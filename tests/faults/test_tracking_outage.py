@@ -14,7 +14,7 @@ from ledger import declares
 from test_loop import TINY
 
 from ragen.run.rundir import RunDir
-from tasks.services import LocalMLflowServer, free_port
+from servers.local import LocalMLflowServer, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
