@@ -123,6 +123,14 @@ def bench_train_cmd(as_json: JsonOpt = False,
     print_result(result, as_json)
 
 
+def learn_sources(params: Path | None, preset: list[str] | None) -> tuple[Path | None, list[str] | None]:
+    """`bench learn`'s settings sources: given ones as they are; none at all: the main command's (./params.yaml,
+    else the cpu-small preset)."""
+    if params is None and not preset:
+        return (Path("params.yaml"), preset) if Path("params.yaml").is_file() else (None, ["cpu-small"])
+    return params, preset
+
+
 @app.command("learn")
 def bench_learn_cmd(as_json: JsonOpt = False,
                     iterations: Annotated[int | None, typer.Option(
@@ -178,10 +186,8 @@ def bench_learn_cmd(as_json: JsonOpt = False,
         if experiment is not None:
             r = experiment_or_exit(experiment, scale, 0, overrides)
             params, preset, overrides = None, list(r.presets), list(r.overrides)
-        elif params is None and not preset and Path("params.yaml").is_file():
-            params = Path("params.yaml")  # the main command's settings
-        elif params is None and not preset:
-            preset = ["cpu-small"]
+        else:
+            params, preset = learn_sources(params, preset)
         config_or_exit(params, preset, overrides)  # bad settings fail before any model loads, naming the key
         if out is None:
             out = Path("runs") / "bench-learn" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
