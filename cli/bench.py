@@ -164,14 +164,16 @@ def bench_learn_cmd(as_json: JsonOpt = False,
     """Learning as a benchmark: train a fresh run (vLLM + DeepSpeed, plain loop) and score a fixed panel before,
     every trainer.test_freq and after; per tag success before/after (Wilson 95%) and the change (Newcombe 95%).
     Default: the main command's settings (params.yaml: cpu-small + cpu-bandit, Bandit with thinking, 6 iterations)."""
+    from ragen.report.learning_curve import add_figure
     from ragen.run.learn_bench import SPEC_JSON, LearnSpec, bench_learn
     from ragen.run.learn_bench import redraw as redraw_files
 
     if redraw is not None:
         try:
-            result = redraw_files(redraw)
+            redraw_files(redraw)
         except FileNotFoundError as e:
             fail(str(e))
+        result = add_figure(redraw)
         typer.echo(json.dumps(result) if as_json else f"{result['plot']}, {result['curve']}, {result['training']}")
         return
     if resume:
@@ -201,6 +203,7 @@ def bench_learn_cmd(as_json: JsonOpt = False,
             result = bench_learn(spec, resume=resume)
     except (FileExistsError, FileNotFoundError, KeyError, ValueError) as e:
         fail(str(e.args[0]) if isinstance(e, KeyError) else str(e))
+    result = add_figure(Path(spec.out))
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -209,7 +212,8 @@ def bench_learn_cmd(as_json: JsonOpt = False,
                    f"{t['after']:.1%} [{t['after_ci'][0]:.1%}, {t['after_ci'][1]:.1%}]; change "
                    f"{t['diff']:+.1%} [{t['diff_ci'][0]:+.1%}, {t['diff_ci'][1]:+.1%}] (n={t['n']})")
     typer.echo(f"{result['iterations']} iterations in {result['wall_s']:.0f} s ({result['s_per_iteration']:.0f} s "
-               f"each, update {result['update_share']:.0%}); {Path(result['curve']).parent}/learn.json, curve.csv")
+               f"each, update {result['update_share']:.0%}); {Path(result['curve']).parent}/learn.json, curve.csv, "
+               f"curve.png")
 
 
 @app.command("learn-mlflow")

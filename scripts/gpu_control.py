@@ -118,12 +118,14 @@ def write_panel(work: Path) -> Path:
 
 
 def run_control(work: Path, *, tiny: bool, iterations: int) -> dict[str, Any]:
+    from ragen.report.learning_curve import add_figure
     from ragen.run.learn_bench import LearnSpec, bench_learn
 
     spec = LearnSpec(params=str(ROOT / "params.yaml"), presets=("cpu-sokoban",),
                      overrides=tuple(control_overrides(work, tiny)), iterations=iterations,
                      panel=str(write_panel(work)), out=str(work / "control"))
-    return bench_learn(spec)
+    bench_learn(spec)
+    return add_figure(Path(spec.out))
 
 
 def main(argv: list[str] | None = None) -> int:

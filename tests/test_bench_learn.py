@@ -164,7 +164,8 @@ def test_redraw_needs_a_finished_measurement(tmp_path):
 
 @pytest.mark.unit
 def test_plot_draws_training_signals_with_gaps(tmp_path):
-    from ragen.run.learn_bench import TRAINING_FIELDS, plot_curve
+    from ragen.report.learning_curve import plot_curve
+    from ragen.run.learn_bench import TRAINING_FIELDS
 
     nan = float("nan")
     rows = [{"updates": u, "split": s, "tag": "FrozenLake", "n": 16 if s == "train" else 128, "success": 0.2,
