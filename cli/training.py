@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -45,21 +47,30 @@ def train_cmd(run: Annotated[str, typer.Option("--run", "--run-name",
     """Train (or continue) a run: rollouts -> update -> eval per iteration, each iteration saved under runs/.
     Under `torchrun` / `deepspeed` every rank runs this same command: rank 0 runs the loop, the others hold their
     share of the update."""
-    from ragen.run.disk import DiskTooSmall
-    from ragen.run.guard import GuardGaveUp
     from ragen.run.loop import with_iterations
-    from ragen.run.rundir import ResumeError, RunDir
-    from ragen.train.ranks import LaunchError, launched, launcher_rank, leading
+    from ragen.train.ranks import launched, launcher_rank
 
     if launched() and launcher_rank() != 0:
         _follow()
-
     if experiment is not None:
         r = experiment_or_exit(experiment, scale, seed, overrides, sweep)
         params, preset, overrides = None, list(r.presets), list(r.overrides)
         run = r.run_name if run == "default" else run
     cfg = config_or_exit(params, preset, with_iterations(overrides, iterations))
-    if run == "auto":  # dvc repro after a params.yaml edit: a new run, not a refused restart of the old one
+    run = _run_name(cfg, run)
+    with training_errors(cfg.trainer.run_dir, run, prefect):
+        done, last, root = _train(cfg, run, prefect, params, preset, overrides, iterations)
+    if summary is not None:
+        _write_summary(Path(root), summary)
+    _report(cfg, done, last, root)
+
+
+def _run_name(cfg, run: str) -> str:
+    """``--run`` checked; ``auto``: named after the config's hash (dvc repro after a params.yaml edit: a new run,
+    not a refused restart of the old one)."""
+    from ragen.run.rundir import RunDir
+
+    if run == "auto":
         from ragen.run.identity import config_name
 
         run = config_name(cfg)
@@ -67,49 +78,70 @@ def train_cmd(run: Annotated[str, typer.Option("--run", "--run-name",
         RunDir.at(cfg.trainer.run_dir, run)
     except ValueError as e:
         fail(f"--run: {e}")
-    errors: tuple[type[Exception], ...] = (ResumeError, GuardGaveUp, FileNotFoundError, LaunchError, DiskTooSmall)
+    return run
+
+
+def _train(cfg, run: str, prefect: bool, params: Path | None, preset: list[str] | None,
+           overrides: list[str] | None, iterations: int | None) -> tuple[list[int], dict | None, str]:
+    """The run trained: as the Prefect flow (in-process) or as plain calls. Returns (iterations done now, the
+    last one's metrics, the run's folder). A line per iteration on stderr: the flow's own log goes to Prefect,
+    the plain loop prints nothing."""
+    from ragen.train.ranks import leading
+
+    with leading(), sigterm_as_interrupt(), iteration_progress(Path(cfg.trainer.run_dir) / run,
+                                                               cfg.trainer.total_training_steps):
+        if prefect:
+            from flows.train_loop import train_loop
+
+            out = train_loop(run_name=run, params=str(params) if params else None, preset=preset or [],
+                             overrides=overrides or [], iterations=iterations)
+            return out["iterations"], out["last_metrics"], out["run_dir"]
+        from ragen.run.loop import run_training
+
+        res = run_training(cfg, run)
+        return res.iterations, (res.metrics[res.iterations[-1]] if res.iterations else None), str(res.run.root)
+
+
+@contextlib.contextmanager
+def training_errors(run_dir: str, run: str, prefect: bool) -> Iterator[None]:
+    """What ends a training run, as exit codes: a refused start or a run that cannot go on (2, the message), Ctrl-C
+    or SIGTERM (130, what is kept), a full disk or a read-only run folder (1, the completed data is intact)."""
+    from ragen.run.disk import DiskTooSmall
+    from ragen.run.guard import GuardGaveUp
+    from ragen.run.rundir import ResumeError, RunDir
+    from ragen.train.ranks import LaunchError
+
+    refused: tuple[type[Exception], ...] = (ResumeError, GuardGaveUp, FileNotFoundError, LaunchError, DiskTooSmall)
+    if prefect:
+        from tasks.versioning import VersioningError
+
+        refused = (*refused, VersioningError)
     try:
-        # a line per iteration on stderr: the flow's own log goes to Prefect, the plain loop prints nothing
-        with leading(), sigterm_as_interrupt(), iteration_progress(Path(cfg.trainer.run_dir) / run,
-                                                         cfg.trainer.total_training_steps):
-            if prefect:
-                from flows.train_loop import train_loop
-                from tasks.versioning import VersioningError
-
-                errors = (ResumeError, GuardGaveUp, VersioningError, FileNotFoundError, LaunchError, DiskTooSmall)
-
-                out = train_loop(run_name=run, params=str(params) if params else None, preset=preset or [],
-                                 overrides=overrides or [], iterations=iterations)
-                done, last, root = out["iterations"], out["last_metrics"], out["run_dir"]
-            else:
-                from ragen.run.loop import run_training
-
-                res = run_training(cfg, run)
-                done, root = res.iterations, res.run.root
-                last = res.metrics[done[-1]] if done else None
-    except errors as e:
+        yield
+    except refused as e:
         fail(str(e))
     except KeyboardInterrupt:
-        _stopped(cfg.trainer.run_dir, run)
-    except Exception as e:  # a full disk, a quota, a read-only run directory: say so, the completed data is intact
+        _stopped(run_dir, run)
+    except Exception as e:
         from ragen.run.storage import storage_failure
 
         if prefect:
             from flows.train_loop import stopped_from_outside
 
             if stopped_from_outside(e):  # the interrupt, replaced by Prefect's error on its way out
-                _stopped(cfg.trainer.run_dir, run)
-
-        msg = storage_failure(RunDir.at(cfg.trainer.run_dir, run), e)
+                _stopped(run_dir, run)
+        msg = storage_failure(RunDir.at(run_dir, run), e)
         if msg is None:
             raise
         fail(msg, 1)
-    if summary is not None:
-        _write_summary(Path(root), summary)
+
+
+def _report(cfg, done: list[int], last: dict | None, root: str) -> None:
     if not done:
         typer.echo(f"run {root} is already complete ({cfg.trainer.total_training_steps} iterations)")
         return
     from ragen.run.guard import GuardState
+    from ragen.run.rundir import RunDir
 
     rolled = len(GuardState.read(RunDir(Path(root))).rollbacks)
     typer.echo(f"run {root}: completed iterations {done[0]}..{done[-1]}"
