@@ -26,6 +26,18 @@ FAULTS_DIR = Path(__file__).resolve().parent / "faults"
 SHARED_RUNS = ("reference_run", "one_process_run")
 
 
+def xdist_group(item) -> str | None:
+    """The tests that must share a worker: those of a session run (``SHARED_RUNS``), else those of a module-scoped
+    fixture (the grid's `dvc repro`, the one-rank update), which a second worker would build again."""
+    names = getattr(item, "fixturenames", ())
+    shared = [n for n in SHARED_RUNS if n in names]
+    if shared:
+        return shared[0]
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    module = sorted(n for n, d in defs.items() if n in names and d and d[-1].scope == "module")
+    return f"{item.path.name}::{'+'.join(module)}" if module else None
+
+
 def xdist_worker(config) -> bool:
     """This process is a pytest-xdist worker (the controller, or a plain session, sees the whole session)."""
     return hasattr(config, "workerinput")
@@ -39,9 +51,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if FAULTS_DIR in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.faults)
-        for name in SHARED_RUNS:
-            if name in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group(name))
+        group = xdist_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
         tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
         if len(tiers) != 1:
             wrong.append(f"{item.nodeid}: {', '.join(tiers) or 'no tier'}")

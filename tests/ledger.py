@@ -27,6 +27,7 @@ import pytest
 KINDS = ("real", "simulated", "input")
 PLUGIN = "ragen-fault-ledger"
 LEDGER: list[Fault] = []  # this process's faults, as collected
+NOT_RUN = "its test did not run"  # a fault's state until its test runs, is skipped or is deselected
 
 
 def declares(*faults: tuple[str, str] | str) -> pytest.MarkDecorator:
@@ -55,7 +56,7 @@ class Fault:
     test: str
     kind: str = "real"  # one of KINDS
     survived: bool = False
-    not_tried: str | None = "its test did not run"  # None once its test ran; else why not (skipped, deselected)
+    not_tried: str | None = NOT_RUN  # None once its test ran; else why not (skipped, deselected)
     guarded: dict[str, str] = field(default_factory=dict)  # path -> sha256 of completed data before the fault
     lost: list[str] = field(default_factory=list)
     checked: bool = False
@@ -88,11 +89,15 @@ def completed_data(run_root: Path) -> dict[str, str]:
 
 def merge(records: list[dict]) -> list[dict]:
     """One record per declared fault from several processes' ledgers (each xdist worker collects every test but
-    runs only its share): the record of the process that tried it, else the first (deselected, or not run)."""
+    runs only its share): the record of the process that ran its test (tried, or skipped with the reason), else
+    the first (deselected, or not run anywhere)."""
+    def known(r: dict) -> int:
+        return 2 if r["not_tried"] is None else 0 if r["not_tried"] == NOT_RUN else 1
+
     out: dict[tuple[str, str], dict] = {}
     for r in records:
         key = (r["test"], r["name"])
-        if key not in out or (out[key]["not_tried"] is not None and r["not_tried"] is None):
+        if key not in out or known(r) > known(out[key]):
             out[key] = r
     return list(out.values())
 

@@ -84,3 +84,15 @@ def test_the_ledger_counts_kinds_not_tried_and_distinct_guarded_files(tmp_path, 
     assert not by_name["failed one"]["survived"] and not by_name["declared"]["survived"]
     assert "fault 'not declared' is not declared: add it to the test's @declares" in r.stdout
     assert "faults tried 4 (3 real, 1 simulated), survived 2; bad inputs 2 (refused 2); not tried 2" in r.stdout
+
+
+def test_the_workers_ledgers_merge_into_the_record_of_the_worker_that_ran_the_test():
+    from ledger import NOT_RUN, merge
+
+    def rec(name, not_tried):
+        return {"test": "t.py::x", "name": name, "not_tried": not_tried}
+
+    ran = [rec("a", None), rec("b", "skipped: no tmpfs"), rec("c", "deselected (-m / -k)")]
+    idle = [rec("a", NOT_RUN), rec("b", NOT_RUN), rec("c", "deselected (-m / -k)")]
+    for order in (ran + idle, idle + ran):  # whichever worker reports first
+        assert sorted(merge(order), key=lambda r: r["name"]) == ran
