@@ -7,6 +7,7 @@ import ledger
 import pytest
 from listening import listening
 from user_state import changed, new_servers, server_problems, user_state
+from worker_groups import xdist_group
 
 from servers.local import prefect_home_env  # imports no prefect
 
@@ -21,23 +22,6 @@ GUARDED_ROOT = Path(os.environ.get("RAGEN_TESTS_GUARDED_ROOT", ROOT))
 
 TIERS = ("unit", "integration", "faults")
 FAULTS_DIR = Path(__file__).resolve().parent / "faults"
-# session fixtures that train a run: under pytest-xdist (`make test`) the tests sharing one go to one worker
-# (--dist loadgroup), so each is trained once, not once per worker
-SHARED_RUNS = ("reference_run", "one_process_run")
-
-
-def xdist_group(item) -> str | None:
-    """The tests that must share a worker: those of a session run (``SHARED_RUNS``), else those of a module-scoped
-    fixture (the grid's `dvc repro`, the one-rank update), which a second worker would build again."""
-    names = getattr(item, "fixturenames", ())
-    shared = [n for n in SHARED_RUNS if n in names]
-    if shared:
-        return shared[0]
-    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-    module = sorted(n for n, d in defs.items() if n in names and d and d[-1].scope == "module")
-    return f"{item.path.name}::{'+'.join(module)}" if module else None
-
-
 def xdist_worker(config) -> bool:
     """This process is a pytest-xdist worker (the controller, or a plain session, sees the whole session)."""
     return hasattr(config, "workerinput")

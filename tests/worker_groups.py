@@ -1,0 +1,18 @@
+"""Which tests must share a pytest-xdist worker (`make test` runs the suite on two with `--dist loadgroup`):
+tests/conftest.py marks each test with its group, tests/test_xdist_groups.py checks that the groups hold."""
+
+# session fixtures that train a run: under pytest-xdist (`make test`) the tests sharing one go to one worker
+# (--dist loadgroup), so each is trained once, not once per worker
+SHARED_RUNS = ("reference_run", "one_process_run")
+
+
+def xdist_group(item) -> str | None:
+    """The tests that must share a worker: those of a session run (``SHARED_RUNS``), else those of a module-scoped
+    fixture (the grid's `dvc repro`, the one-rank update), which a second worker would build again."""
+    names = getattr(item, "fixturenames", ())
+    shared = [n for n in SHARED_RUNS if n in names]
+    if shared:
+        return shared[0]
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    module = sorted(n for n, d in defs.items() if n in names and d and d[-1].scope == "module")
+    return f"{item.path.name}::{'+'.join(module)}" if module else None
