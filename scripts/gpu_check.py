@@ -147,7 +147,8 @@ def bundle(dest: Path) -> None:
     from ragen.models.smollm2 import TOKENIZER_FILES, gguf_path, prepare_tokenizer
 
     wheels = dest / "wheels"
-    shutil.rmtree(wheels, ignore_errors=True)
+    for stale in ("wheels", "site", "cache"):  # what a local `make gpu-check` built there would travel too
+        shutil.rmtree(dest / stale, ignore_errors=True)
     wheels.mkdir(parents=True)
     pins = [f"{name}=={version(name)}" for name in (*BUNDLED, *CONTROL_BUNDLED)]
     pip = [sys.executable, "-m", "pip", "-q"]

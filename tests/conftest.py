@@ -22,6 +22,8 @@ GUARDED_ROOT = Path(os.environ.get("RAGEN_TESTS_GUARDED_ROOT", ROOT))
 
 TIERS = ("unit", "integration", "faults")
 FAULTS_DIR = Path(__file__).resolve().parent / "faults"
+
+
 def xdist_worker(config) -> bool:
     """This process is a pytest-xdist worker (the controller, or a plain session, sees the whole session)."""
     return hasattr(config, "workerinput")
