@@ -77,7 +77,8 @@ guard-demo: setup
 faults: setup
 	$(BIN)/ragen bench faults --json
 
-## test: lint + the whole test suite, every tier (unit, integration, faults); what .ci/run calls (26-31 min here: docs/benchmarks.md)
+## test: lint + the whole test suite, every tier (unit, integration, faults), on TEST_WORKERS pytest-xdist workers;
+## what .ci/run calls (37 min on a 2-core AVX2 CPU: docs/benchmarks.md)
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest --durations=25 -n $(TEST_WORKERS) --dist loadgroup
