@@ -117,7 +117,8 @@ def check_sft(work: Path) -> dict[str, Any]:
     return finite(m, ("sft/steps", "sft/train_loss_first", "sft/train_loss_last", "sft/test_loss"))
 
 
-def run_step(name: str, fn: Callable[[], dict[str, Any]], cuda: bool) -> dict[str, Any]:
+def run_step(name: str, fn: Callable[[], dict[str, Any]], cuda: bool, tool: str = "gpu-check") -> dict[str, Any]:
+    """One step timed, with its peak GPU memory; an exception is reported in the step (error and traceback)."""
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -128,8 +129,27 @@ def run_step(name: str, fn: Callable[[], dict[str, Any]], cuda: bool) -> dict[st
                "traceback": traceback.format_exc().splitlines()[-12:]}
     out["seconds"] = round(time.perf_counter() - t0, 1)
     out["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None
-    print(f"gpu-check {name}: {'pass' if out['ok'] else 'FAIL'} in {out['seconds']} s", file=sys.stderr, flush=True)
+    print(f"{tool} {name}: {'pass' if out['ok'] else 'FAIL'} in {out['seconds']} s", file=sys.stderr, flush=True)
     return out
+
+
+def refused_without_cuda(tool: str, allow_cpu: bool, on_cpu: str) -> bool:
+    """Whether ``tool`` stops here: no CUDA and no --allow-cpu (said on stderr, with what ``on_cpu`` runs)."""
+    if torch.cuda.is_available() or allow_cpu:
+        return False
+    print(f"{tool}: CUDA is not available here (torch.cuda.is_available() is False); run it on a GPU machine, or "
+          f"pass --allow-cpu {on_cpu}", file=sys.stderr)
+    return True
+
+
+def emit(report: dict[str, Any], out: Path | None) -> int:
+    """Print the report as one JSON object (also written to ``out``); the exit code: 0 when it passed."""
+    text = json.dumps(report, indent=1)
+    print(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    return 0 if report["ok"] else 1
 
 
 def bundle(dest: Path) -> None:
@@ -206,11 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         bundle(args.bundle)
         return 0
 
-    cuda = torch.cuda.is_available()
-    if not cuda and not args.allow_cpu:
-        print("gpu-check: CUDA is not available here (torch.cuda.is_available() is False); run it on a GPU machine, "
-              "or pass --allow-cpu to exercise the same steps on the CPU", file=sys.stderr)
+    if refused_without_cuda("gpu-check", args.allow_cpu, "to exercise the same steps on the CPU"):
         return 2
+    cuda = torch.cuda.is_available()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ragen-gpu-check-") as tmp:
         work = args.work or Path(tmp)
@@ -224,12 +242,7 @@ def main(argv: list[str] | None = None) -> int:
               "steps": steps,
               "imported": sorted({m.split(".")[0] for m in sys.modules if not m.startswith("_")}
                                  - set(sys.stdlib_module_names))}
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    return 0 if report["ok"] else 1
+    return emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,22 @@ def run_control(work: Path, *, tiny: bool, iterations: int) -> dict[str, Any]:
     return add_figure(Path(spec.out))
 
 
+def control(work: Path, *, tiny: bool, iterations: int) -> dict[str, Any]:
+    """The model joined from its parts (SmolLM2), then the control: its numbers for the report."""
+    out: dict[str, Any] = {}
+    if not tiny:
+        from ragen.models.smollm2 import GGUF_ENV
+
+        tj = time.perf_counter()
+        os.environ[GGUF_ENV] = str(join_parts(MANIFEST, work / "gguf"))
+        out["model_join_s"] = round(time.perf_counter() - tj, 1)
+    result = run_control(work, tiny=tiny, iterations=iterations)
+    return {**out, "tags": result["tags"], "iterations": result["iterations"],
+            "warm_start_build_s": round(result["warm_start_build_s"], 1), "rl_wall_s": round(result["wall_s"], 1),
+            "s_per_iteration": result.get("s_per_iteration"), "update_share": result.get("update_share"),
+            "rollout_share": result.get("rollout_share")}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="also write the JSON here")
@@ -138,44 +154,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
+    from gpu_check import emit, refused_without_cuda, run_step
 
-    cuda = torch.cuda.is_available()
-    if not cuda and not args.allow_cpu:
-        print("gpu-control: CUDA is not available here (torch.cuda.is_available() is False); run it on a GPU "
-              "machine, or pass --allow-cpu (with --tiny: the SmolLM2 control takes hours on a CPU)",
-              file=sys.stderr)
+    if refused_without_cuda("gpu-control", args.allow_cpu, "(with --tiny: the SmolLM2 control takes hours on a CPU)"):
         return 2
+    cuda = torch.cuda.is_available()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ragen-gpu-control-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        report: dict[str, Any] = {"device": torch.cuda.get_device_name() if cuda else "cpu",
-                                  "torch": torch.__version__, "model": "tiny" if args.tiny else "smollm2"}
-        try:
-            if not args.tiny:
-                from ragen.models.smollm2 import GGUF_ENV
-
-                tj = time.perf_counter()
-                os.environ[GGUF_ENV] = str(join_parts(MANIFEST, work / "gguf"))
-                report["model_join_s"] = round(time.perf_counter() - tj, 1)
-            result = run_control(work, tiny=args.tiny, iterations=args.iterations)
-            report.update(ok=True, tags=result["tags"], iterations=result["iterations"],
-                          warm_start_build_s=round(result["warm_start_build_s"], 1),
-                          rl_wall_s=round(result["wall_s"], 1), s_per_iteration=result.get("s_per_iteration"),
-                          update_share=result.get("update_share"), rollout_share=result.get("rollout_share"))
-        except Exception as e:  # reported in the JSON, so the call's output says what broke
-            import traceback
-
-            report.update(ok=False, error=f"{type(e).__name__}: {e}",
-                          traceback=traceback.format_exc().splitlines()[-12:])
-        report["seconds"] = round(time.perf_counter() - t0, 1)
-        report["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    return 0 if report["ok"] else 1
+        step = run_step("control", lambda: control(work, tiny=args.tiny, iterations=args.iterations), cuda,
+                        tool="gpu-control")
+    report = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+              "model": "tiny" if args.tiny else "smollm2", **step, "seconds": round(time.perf_counter() - t0, 1)}
+    return emit(report, args.out)
 
 
 if __name__ == "__main__":

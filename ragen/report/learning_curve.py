@@ -16,9 +16,11 @@ def draw(out: Path) -> Path:
     """curve.png of the measurement in ``out``, from its curve.csv (and training.csv when there)."""
     import pandas as pd
 
+    from ragen.run.learn_bench import CURVE_CSV, TRAINING_CSV
+
     out = Path(out)
-    rows = pd.read_csv(out / "curve.csv").to_dict("records")
-    training = pd.read_csv(out / "training.csv").to_dict("records") if (out / "training.csv").is_file() else []
+    rows = pd.read_csv(out / CURVE_CSV).to_dict("records")
+    training = pd.read_csv(out / TRAINING_CSV).to_dict("records") if (out / TRAINING_CSV).is_file() else []
     return plot_curve(rows, out / CURVE_PNG, training)
 
 
@@ -26,8 +28,9 @@ def add_figure(out: Path) -> dict[str, Any]:
     """Draw the figure of the finished measurement in ``out`` and record its path in its ``learn.json``; returns
     the measurement's result with it."""
     from ragen.io import write_json
+    from ragen.run.learn_bench import RESULT_JSON
 
-    path = Path(out) / "learn.json"
+    path = Path(out) / RESULT_JSON
     result = json.loads(path.read_text())
     result["plot"] = str(draw(Path(out)))
     write_json(path, result)
