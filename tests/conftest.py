@@ -7,7 +7,7 @@ import ledger
 import pytest
 from listening import listening
 from user_state import changed, new_servers, server_problems, user_state
-from worker_groups import xdist_group
+from worker_groups import share_cores, xdist_group
 
 from servers.local import prefect_home_env  # imports no prefect
 
@@ -16,6 +16,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemet
 # Prefect home (set before anything imports prefect), and no test reaches a server the user has running.
 os.environ.update(prefect_home_env(Path(tempfile.mkdtemp(prefix="ragen-tests-prefect-"))))
 os.environ.pop("PREFECT_API_URL", None)
+share_cores(os.environ)  # before anything imports torch (tests/worker_groups.py)
 ROOT = Path(__file__).resolve().parents[1]
 # the project whose state the session guards (tests/test_user_state.py points a session of its own elsewhere)
 GUARDED_ROOT = Path(os.environ.get("RAGEN_TESTS_GUARDED_ROOT", ROOT))

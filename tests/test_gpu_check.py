@@ -50,8 +50,11 @@ def test_gpu_check_passes_on_the_cpu_without_the_packages_a_gpu_machine_lacks(tm
     site = site_without(tmp_path, ABSENT)
     out = tmp_path / "gpu-check.json"
     # -S: no site-packages of the venv (nor its .pth files: the editable install of this project is not used)
+    # DeepSpeed's JIT-built ops go to a folder of their own: built against the copied site's paths, in the shared
+    # cache they would replace the build every other DeepSpeed process loads, and the next one would build it again
     env = {"PYTHONPATH": str(site), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(Path.home()),
-           **{k: v for k, v in os.environ.items() if k == "RAGEN_CACHE_DIR"}}
+           "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions"),
+           **{k: v for k, v in os.environ.items() if k in ("RAGEN_CACHE_DIR", "OMP_NUM_THREADS")}}
     proc = subprocess.run([sys.executable, "-S", "-c", GUARDED, "--allow-cpu", "--out", str(out)], env=env,
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.is_file(), proc.stderr[-4000:]

@@ -16,3 +16,18 @@ def xdist_group(item) -> str | None:
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
     module = sorted(n for n, d in defs.items() if n in names and d and d[-1].scope == "module")
     return f"{item.path.name}::{'+'.join(module)}" if module else None
+
+
+def share_cores(environ: dict) -> int | None:
+    """Give this xdist worker its share of the CPU: ``OMP_NUM_THREADS`` = usable cores // workers (at least 1), for
+    the worker and every process it starts. Unset, each process of each worker takes every core, and on a 2-core
+    machine two workers' PyTorch thread pools spin against each other (two tiny runs side by side: 32-35 s with
+    2 threads each, 18-24 s with 1). Keeps a value the caller set; None outside a multi-worker session."""
+    import os
+
+    workers = int(environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1 or "OMP_NUM_THREADS" in environ:
+        return None
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    environ["OMP_NUM_THREADS"] = str(threads)
+    return threads
