@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = tuple(str(ROOT / p) + "/" for p in ("ragen", "tasks", "flows", "scripts"))
@@ -33,6 +32,20 @@ CROSSING = {torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.cop
 
 class Unplaced(RuntimeError):
     pass
+
+
+def _tensors(obj, out: list) -> list:
+    """The tensors in an op's arguments or results (nested tuples, lists and dicts; a named tuple is a tuple, a
+    transformers output a dict): torch's tree_flatten would do, at several times the cost on every op."""
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, tuple | list):
+        for o in obj:
+            _tensors(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _tensors(o, out)
+    return out
 
 
 def _caller() -> tuple[str, int]:
@@ -67,8 +80,8 @@ class UnplacedTensors(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        flat = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
-        results = [r for r in tree_flatten(out)[0] if isinstance(r, torch.Tensor)]
+        flat = _tensors(kwargs, _tensors(args, []))
+        results = _tensors(out, [])
         if func in FACTORIES:
             where = _caller()
             if "device" in kwargs:

@@ -32,9 +32,13 @@ def kill_when(cmd, ready, what):
           "SIGKILL inside a checkpoint write")
 def test_sigkill_during_rollout_and_update_then_rerun_equals_uninterrupted(tmp_path, reference_run, fault):
     during_rollout, during_update = fault("SIGKILL during rollout"), fault("SIGKILL during update")
-
+    in_ckpt = fault("SIGKILL inside a checkpoint write")
     run = tmp_path / "killed"
-    # instances.parquet is written just before the rollout of iteration 1 starts
+    # one run, killed four times, each rerun the same command: first in iteration 0 (nothing complete yet)
+    fault("SIGKILL in iteration 0")  # nothing complete to guard: the proof is the final equality below
+    kill_when(train_command(tmp_path, "killed"), run / "iter_00000" / "instances.parquet", "iteration 0's rollout")
+    assert not (run / "iter_00000" / "COMPLETE").exists()
+    # then in iteration 1's rollout (instances.parquet is written just before it starts)
     kill_when(train_command(tmp_path, "killed"), run / "iter_00001" / "instances.parquet", "iteration 1's rollout")
     assert (run / "iter_00000" / "COMPLETE").is_file() and not (run / "iter_00001" / "rollouts.parquet").exists()
     assert during_rollout.guard(run) >= 5  # iteration 0's files
@@ -42,28 +46,16 @@ def test_sigkill_during_rollout_and_update_then_rerun_equals_uninterrupted(tmp_p
     kill_when(train_command(tmp_path, "killed"), run / "iter_00001" / "filter.json", "iteration 1's update")
     assert not (run / "iter_00001" / "COMPLETE").is_file()
     during_update.guard(run)
+    # and once more inside the checkpoint write of iteration 1: the actor's folder appears as its files start to
+    # be written; the optimizer states follow
+    partial = run / "checkpoints" / "iter_00001.partial"
+    kill_when(train_command(tmp_path, "killed"), partial / "actor", "iteration 1's checkpoint write")
+    assert not (run / "checkpoints" / "iter_00001").exists() and not (run / "iter_00001" / "COMPLETE").exists()
+    in_ckpt.guard(run)  # iteration 0, complete
 
     again = subprocess.run(train_command(tmp_path, "killed"), cwd=ROOT, env=ENV, capture_output=True, text=True,
                            timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "completed iterations 1..1" in again.stdout
-    assert during_rollout.lost_now() == [] and during_update.lost_now() == []
-    assert_same_final(run, reference_run)
-
-    # a second run: killed in iteration 0 (nothing complete yet), then inside the checkpoint write of iteration 1
-    fault("SIGKILL in iteration 0")  # nothing complete to guard: the proof is the rerun's equality below
-    in_ckpt = fault("SIGKILL inside a checkpoint write")
-    run2 = tmp_path / "killed2"
-    kill_when(train_command(tmp_path, "killed2"), run2 / "iter_00000" / "instances.parquet", "iteration 0's rollout")
-    assert not (run2 / "iter_00000" / "COMPLETE").exists()
-    partial = run2 / "checkpoints" / "iter_00001.partial"
-    # the actor's folder appears as its files start to be written; the optimizer states follow
-    kill_when(train_command(tmp_path, "killed2"), partial / "actor", "iteration 1's checkpoint write")
-    assert not (run2 / "checkpoints" / "iter_00001").exists() and not (run2 / "iter_00001" / "COMPLETE").exists()
-    in_ckpt.guard(run2)  # iteration 0, complete
-    again = subprocess.run(train_command(tmp_path, "killed2"), cwd=ROOT, env=ENV, capture_output=True, text=True,
-                           timeout=900)
-    assert again.returncode == 0, again.stderr[-3000:]
     assert "completed iterations 1..1" in again.stdout and not partial.exists()  # the half-written one is gone
-    assert in_ckpt.lost_now() == []
-    assert_same_final(run2, reference_run)
+    assert during_rollout.lost_now() == [] and during_update.lost_now() == [] and in_ckpt.lost_now() == []
+    assert_same_final(run, reference_run)
