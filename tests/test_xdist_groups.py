@@ -53,3 +53,13 @@ def test_the_tests_of_a_module_fixture_share_one_worker(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:]
     assert "test_shares_the_fixture[0]@test_planted.py::built_once" in r.stdout, r.stdout[-3000:]
     assert len(log.read_text().split()) == 1, "the module fixture was built on both workers: the groups are ignored"
+
+
+def test_each_worker_takes_its_share_of_the_cores():
+    from worker_groups import share_cores
+
+    cores = len(os.sched_getaffinity(0))
+    env = {"PYTEST_XDIST_WORKER_COUNT": "2"}
+    assert share_cores(env) == max(1, cores // 2) and env["OMP_NUM_THREADS"] == str(max(1, cores // 2))
+    assert share_cores({"PYTEST_XDIST_WORKER_COUNT": "2", "OMP_NUM_THREADS": "3"}) is None  # the caller's kept
+    assert share_cores({}) is None and share_cores({"PYTEST_XDIST_WORKER_COUNT": "1"}) is None
