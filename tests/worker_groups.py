@@ -1,6 +1,8 @@
 """Which tests must share a pytest-xdist worker (`make test` runs the suite on two with `--dist loadgroup`):
 tests/conftest.py marks each test with its group, tests/test_xdist_groups.py checks that the groups hold."""
 
+import os
+
 # session fixtures that train a run: under pytest-xdist (`make test`) the tests sharing one go to one worker
 # (--dist loadgroup), so each is trained once, not once per worker
 SHARED_RUNS = ("reference_run", "one_process_run")
@@ -23,8 +25,6 @@ def share_cores(environ: dict) -> int | None:
     the worker and every process it starts. Unset, each process of each worker takes every core, and on a 2-core
     machine two workers' PyTorch thread pools spin against each other (two tiny runs side by side: 32-35 s with
     2 threads each, 18-24 s with 1). Keeps a value the caller set; None outside a multi-worker session."""
-    import os
-
     workers = int(environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers <= 1 or "OMP_NUM_THREADS" in environ:
         return None
