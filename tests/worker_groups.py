@@ -1,5 +1,6 @@
-"""Which tests must share a pytest-xdist worker (`make test` runs the suite on two with `--dist loadgroup`):
-tests/conftest.py marks each test with its group, tests/test_xdist_groups.py checks that the groups hold."""
+"""How the suite splits over pytest-xdist workers (`make test` runs it on two with `--dist loadgroup`): which tests
+must share a worker (tests/conftest.py marks each test with its group, tests/test_xdist_groups.py checks that the
+groups hold), and each worker's share of the cores."""
 
 import os
 
